@@ -1,0 +1,141 @@
+"""``skirr`` / ``python -m skirr``: the standalone server.
+
+    python -m skirr examples.hello:app --port 8000
+
+The same Rust core as the Gunicorn worker, in one process. Options come from
+flags, then ``SKIRR_*`` environment variables, then defaults (see
+:mod:`skirr.config`). A bad ``APP`` or an address in use prints one line and
+exits with status 1; a failed lifespan startup exits with status 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import stat
+import sys
+from collections.abc import Sequence
+
+from skirr import __version__, config, logs
+from skirr._skirr import StartupFailed
+from skirr.asgi import AppLoadError, as_asgi3, import_app
+from skirr.serve import serve
+
+EXIT_USAGE = 1
+EXIT_STARTUP_FAILED = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="skirr",
+        description="Serve an ASGI application with Skirr (standalone, one process).",
+    )
+    p.add_argument("app", metavar="APP", help="the application, as module:attribute")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="bind port (default 8000)")
+    p.add_argument("--uds", metavar="PATH", help="bind a Unix domain socket instead")
+    p.add_argument("--fd", type=int, help="serve on an already listening socket fd")
+    p.add_argument("--backlog", type=int, default=2048, help="listen backlog (default 2048)")
+    p.add_argument("--factory", action="store_true",
+                   help="APP is a factory: call it with no arguments to get the app")
+    p.add_argument("--app-dir", default=".",
+                   help="directory added to sys.path before importing APP (default .)")
+    p.add_argument("--log-level", default="info", choices=list(logs.LEVELS),
+                   help="error log level (default info)")
+    p.add_argument("--access-log", dest="access_log", action="store_true", default=True,
+                   help="log one line per response (default)")
+    p.add_argument("--no-access-log", dest="access_log", action="store_false")
+    p.add_argument("--timeout-keep-alive", dest="keepalive_timeout", type=float,
+                   help="alias of --keepalive-timeout (uvicorn's name)")
+    p.add_argument("--version", action="version", version=f"skirr {__version__}")
+    opts = p.add_argument_group("server options (each also set by SKIRR_<NAME>)")
+    for o in config.OPTIONS:
+        opts.add_argument(o.flag, dest=o.name, default=None,
+                          help=f"{o.help} (default {o.default!r}; env {o.env})")
+    return p
+
+
+def _fail(msg: str) -> int:
+    print(f"skirr: error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def open_listener(args: argparse.Namespace) -> tuple[socket.socket, str, str]:
+    """The listening socket, its kind ("tcp"/"unix") and a URL-ish name.
+
+    Raises ``OSError`` with a message naming the address.
+    """
+    if args.fd is not None:
+        sock = socket.socket(fileno=args.fd)
+        kind = "unix" if sock.family == socket.AF_UNIX else "tcp"
+        return sock, kind, f"fd://{args.fd}"
+    if args.uds:
+        path = args.uds
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                os.unlink(path)  # a stale socket from a previous run
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            sock.listen(args.backlog)
+        except OSError as e:
+            sock.close()
+            raise OSError(e.errno, f"cannot bind unix:{path}: {e.strerror}") from None
+        return sock, "unix", f"unix:{path}"
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    try:
+        sock.bind((args.host, args.port))
+        sock.listen(args.backlog)
+    except OSError as e:
+        sock.close()
+        reason = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
+        raise OSError(e.errno, f"cannot bind {host}:{args.port}: {reason}") from None
+    return sock, "tcp", f"http://{host}:{sock.getsockname()[1]}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    explicit = {o.name: getattr(args, o.name) for o in config.OPTIONS}
+    try:
+        values = config.resolve(explicit)
+    except config.ConfigError as e:
+        return _fail(str(e))
+    error_log, access_log = logs.setup(args.log_level, args.access_log)
+    try:
+        app = as_asgi3(import_app(args.app, factory=args.factory, app_dir=args.app_dir))
+    except AppLoadError as e:
+        return _fail(str(e))
+    try:
+        sock, kind, name = open_listener(args)
+    except OSError as e:
+        return _fail(e.strerror or str(e))
+    error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
+    rust = config.rust_config(values, access_log=access_log is not None, sigint_graceful=True)
+    try:
+        serve(
+            app,
+            config=rust,
+            listeners=[(sock.fileno(), kind)],
+            error_logger=error_log,
+            loop_kind=values["loop"],
+            access_logger=logs.access_logger(access_log) if access_log else None,
+        )
+    except StartupFailed as e:
+        error_log.error("Application startup failed: %s", e)
+        return EXIT_STARTUP_FAILED
+    finally:
+        if kind == "unix" and args.uds:
+            try:
+                os.unlink(args.uds)
+            except OSError:
+                pass
+        sock.close()
+    error_log.info("Shut down (pid %d)", os.getpid())
+    return 0

@@ -1,0 +1,161 @@
+"""Skirr's options: one table for the CLI, ``SKIRR_*`` variables and Gunicorn.
+
+Every option has a default, an environment variable ``SKIRR_<NAME>``, a
+command-line flag ``--<name-with-dashes>`` (standalone), and is settable from
+a Gunicorn config file as ``skirr_<name>`` (see :mod:`skirr.worker`).
+Precedence: command line, then environment, then Gunicorn settings, then the
+default. Options marked ``rust`` are handed to the Rust core; the others are
+used by the Python side.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+def _choice(*values: str) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        v = str(v).strip().lower()
+        if v not in values:
+            raise ValueError(f"must be one of {', '.join(values)}, got {v!r}")
+        return v
+
+    parse.__name__ = "|".join(values)
+    return parse
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"must be a boolean (1/0, true/false), got {v!r}")
+
+
+def _nonneg_int(v: Any) -> int:
+    n = int(v)
+    if n < 0:
+        raise ValueError(f"must be >= 0, got {n}")
+    return n
+
+
+def _pos_int(v: Any) -> int:
+    n = int(v)
+    if n < 1:
+        raise ValueError(f"must be >= 1, got {n}")
+    return n
+
+
+def _seconds(v: Any) -> float:
+    f = float(v)
+    if f < 0:
+        raise ValueError(f"must be >= 0 seconds, got {f}")
+    return f
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: ``name``, its ``default``, a ``parse`` function
+    (raises ``ValueError``), a one-line ``help``, whether the Rust core
+    reads it, and the Gunicorn setting it follows when Skirr runs under
+    Gunicorn (``None`` if none)."""
+
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+    help: str
+    rust: bool = True
+    gunicorn: str | None = None
+
+    @property
+    def env(self) -> str:
+        return "SKIRR_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("loop", "auto", _choice("auto", "asyncio", "uvloop"),
+           "event loop: uvloop when installed (auto), or plain asyncio", rust=False),
+    Option("lifespan", "auto", _choice("auto", "on", "off"),
+           "lifespan protocol: auto serves apps without it, on requires it"),
+    Option("lifespan_timeout", 60.0, _seconds,
+           "bound on lifespan startup and shutdown (seconds)"),
+    Option("root_path", "", str, "ASGI root_path: the prefix the app is mounted under"),
+    Option("keepalive_timeout", 5.0, _seconds,
+           "close idle keep-alive connections after this (seconds)", gunicorn="keepalive"),
+    Option("header_read_timeout", 30.0, _seconds,
+           "a started request head must complete within this (seconds)"),
+    Option("graceful_timeout", 30.0, _seconds,
+           "on SIGTERM, in-flight requests get this long (seconds)",
+           gunicorn="graceful_timeout"),
+    Option("max_requests", 0, _nonneg_int,
+           "restart the worker after this many requests (0: never)",
+           gunicorn="max_requests"),
+    Option("max_connections", 10000, _nonneg_int,
+           "connections served at once per worker; more wait in the backlog (0: no limit)",
+           gunicorn="worker_connections"),
+    Option("tokio_threads", 1, _pos_int,
+           "Tokio worker threads per process (1: the I/O runs on the main thread)"),
+    Option("body_prefetch", 65536, _nonneg_int,
+           "read request bodies up to this size before starting the app (bytes)"),
+    Option("body_chunk_size", 65536, _pos_int,
+           "largest body chunk handed to the app in one http.request (bytes)"),
+    Option("body_buffer", 262144, _pos_int,
+           "request body read ahead of the app before reading pauses (bytes)"),
+    Option("send_buffer", 262144, _pos_int,
+           "response body queued before send() waits for the client (bytes)"),
+)
+
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+class ConfigError(ValueError):
+    """An option has an invalid value; the message names the option and its source."""
+
+
+def resolve(
+    explicit: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    fallback: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Every option's value: ``explicit`` (e.g. CLI flags; ``None`` values are
+    ignored), then ``SKIRR_*`` in ``environ``, then ``fallback`` (e.g. from
+    Gunicorn settings), then the default.
+
+    Raises :class:`ConfigError` naming the option and where its value came from.
+    """
+    explicit = explicit or {}
+    environ = os.environ if environ is None else environ
+    fallback = fallback or {}
+    out: dict[str, Any] = {}
+    for opt in OPTIONS:
+        if explicit.get(opt.name) is not None:
+            raw, source = explicit[opt.name], opt.flag
+        elif opt.env in environ:
+            raw, source = environ[opt.env], opt.env
+        elif fallback.get(opt.name) is not None:
+            raw, source = fallback[opt.name], f"setting {opt.name}"
+        else:
+            out[opt.name] = opt.default
+            continue
+        try:
+            out[opt.name] = opt.parse(raw)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"invalid {source}: {e}") from None
+    return out
+
+
+def rust_config(values: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """The subset of ``values`` the Rust core reads, plus ``extra`` keys."""
+    d = {k: v for k, v in values.items() if BY_NAME[k].rust}
+    d.update(extra)
+    return d

@@ -1,0 +1,70 @@
+//! Awaitables handed to applications.
+//!
+//! Most `send()` and many `receive()` calls can complete at once: the message
+//! was queued, or the data is already here. Returning an asyncio `Future`
+//! would cost an allocation and an event-loop round trip; [`Ready`] is a
+//! pre-completed awaitable whose first `__next__` finishes the `await`.
+
+use parking_lot::Mutex;
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+
+/// An awaitable that is already complete.
+///
+/// `await Ready(v)` evaluates to `v` (or `None`) without suspending.
+#[pyclass(frozen, freelist = 256, module = "skirr._skirr")]
+pub(crate) struct Ready {
+    value: Mutex<Option<Py<PyAny>>>,
+}
+
+#[pymethods]
+impl Ready {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// Ends the `await`: `StopIteration(value)`, or a bare stop for `None`.
+    fn __next__(&self) -> PyResult<Option<Py<PyAny>>> {
+        match self.value.lock().take() {
+            Some(value) => Err(PyStopIteration::new_err((value,))),
+            None => Ok(None),
+        }
+    }
+
+    /// Coroutine protocol: what `send(None)` on a started await does.
+    fn send(&self, _value: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+        self.__next__()
+    }
+}
+
+static DONE: PyOnceLock<Py<Ready>> = PyOnceLock::new();
+
+/// A shared awaitable that completes with `None`: what `send()` returns when
+/// the message was accepted without waiting.
+pub(crate) fn done(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let done = DONE.get_or_try_init(py, || {
+        Py::new(
+            py,
+            Ready {
+                value: Mutex::new(None),
+            },
+        )
+    })?;
+    Ok(done.bind(py).clone().into_any())
+}
+
+/// An awaitable that completes with `value`.
+pub(crate) fn ready<'py>(py: Python<'py>, value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(Bound::new(
+        py,
+        Ready {
+            value: Mutex::new(Some(value.unbind())),
+        },
+    )?
+    .into_any())
+}

@@ -1,0 +1,192 @@
+//! What the asyncio thread needs to start and serve applications.
+//!
+//! Built once on the Python side when the server is created; read only on
+//! the asyncio thread (every field is a Python object).
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use crate::bridge::names::names;
+use crate::errors::ClientDisconnected;
+use crate::server::Shared;
+
+/// How an application coroutine becomes a Task.
+enum Spawn {
+    /// Python ≥ 3.12: `asyncio.Task(coro, loop=loop, eager_start=True)`
+    /// runs the first step at once; an app that answers without awaiting
+    /// anything real never goes through the loop's ready queue.
+    Eager {
+        task_type: Py<PyAny>,
+        kwargs: Py<PyDict>,
+    },
+    /// Python 3.10 and 3.11: `loop.create_task(coro)`.
+    Scheduled { create_task: Py<PyAny> },
+}
+
+/// Python-side server context.
+pub(crate) struct AppContext {
+    pub(crate) shared: Arc<Shared>,
+    /// The ASGI 3 application (ASGI 2 apps are wrapped on the Python side).
+    pub(crate) app: Py<PyAny>,
+    create_future: Py<PyAny>,
+    spawn: Spawn,
+    /// A prebuilt HTTP scope with every key present: copying it and
+    /// replacing values never resizes the dict.
+    pub(crate) http_template: Py<PyDict>,
+    /// `scope["asgi"]` for lifespan scopes.
+    pub(crate) asgi_lifespan: Py<PyDict>,
+    /// The lifespan state namespace; each request gets a shallow copy.
+    pub(crate) state: Py<PyDict>,
+    /// `root_path`, as `str` and as the prefix of `raw_path`.
+    pub(crate) root_path: String,
+    /// The error logger (`logging.Logger`).
+    pub(crate) error_log: Py<PyAny>,
+    /// `access(scope, status, headers, size, seconds)` or `None`.
+    pub(crate) access_log: Option<Py<PyAny>>,
+    /// Reopens log files (SIGUSR1), or `None`.
+    pub(crate) reopen_logs: Option<Py<PyAny>>,
+}
+
+/// The Python-side arguments of [`AppContext::new`].
+pub(crate) struct PyParts {
+    pub(crate) app: Py<PyAny>,
+    pub(crate) event_loop: Py<PyAny>,
+    pub(crate) error_log: Py<PyAny>,
+    pub(crate) access_log: Option<Py<PyAny>>,
+    pub(crate) reopen_logs: Option<Py<PyAny>>,
+}
+
+impl AppContext {
+    pub(crate) fn new(py: Python<'_>, shared: Arc<Shared>, p: PyParts) -> PyResult<Self> {
+        let n = names(py);
+        let lp = p.event_loop.bind(py);
+        let asyncio = py.import("asyncio")?;
+        let spawn = if py.version_info() >= (3, 12) {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("loop", lp)?;
+            kwargs.set_item("eager_start", true)?;
+            Spawn::Eager {
+                task_type: asyncio.getattr("Task")?.unbind(),
+                kwargs: kwargs.unbind(),
+            }
+        } else {
+            Spawn::Scheduled {
+                create_task: lp.getattr("create_task")?.unbind(),
+            }
+        };
+
+        let asgi_http = PyDict::new(py);
+        asgi_http.set_item(n.version.bind(py), "3.0")?;
+        asgi_http.set_item(n.spec_version.bind(py), "2.5")?;
+        let asgi_lifespan = PyDict::new(py);
+        asgi_lifespan.set_item(n.version.bind(py), "3.0")?;
+        asgi_lifespan.set_item(n.spec_version.bind(py), "2.0")?;
+
+        let root_path = shared.config.root_path.clone();
+        let t = PyDict::new(py);
+        let none = py.None();
+        t.set_item(n.type_.bind(py), n.http.bind(py))?;
+        t.set_item(n.asgi.bind(py), asgi_http)?;
+        for key in [
+            &n.http_version,
+            &n.method,
+            &n.scheme,
+            &n.path,
+            &n.raw_path,
+            &n.query_string,
+        ] {
+            t.set_item(key.bind(py), &none)?;
+        }
+        t.set_item(n.root_path.bind(py), PyString::new(py, &root_path))?;
+        for key in [&n.headers, &n.client, &n.server, &n.state, &n.extensions] {
+            t.set_item(key.bind(py), &none)?;
+        }
+
+        Ok(Self {
+            shared,
+            app: p.app,
+            create_future: lp.getattr("create_future")?.unbind(),
+            spawn,
+            http_template: t.unbind(),
+            asgi_lifespan: asgi_lifespan.unbind(),
+            state: PyDict::new(py).unbind(),
+            root_path,
+            error_log: p.error_log,
+            access_log: p.access_log,
+            reopen_logs: p.reopen_logs,
+        })
+    }
+
+    /// A new asyncio future on the server's loop.
+    pub(crate) fn create_future<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.create_future.bind(py).call0()
+    }
+
+    /// Runs an application coroutine (an `AppCall`) as an asyncio Task.
+    pub(crate) fn spawn(&self, py: Python<'_>, call: Bound<'_, PyAny>) -> PyResult<()> {
+        match &self.spawn {
+            Spawn::Eager { task_type, kwargs } => {
+                task_type
+                    .bind(py)
+                    .call((call,), Some(kwargs.bind(py)))?;
+            }
+            Spawn::Scheduled { create_task } => {
+                create_task.bind(py).call1((call,))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs `msg` at ERROR, with the traceback of `err` when given.
+    pub(crate) fn log_error(&self, py: Python<'_>, msg: &str, err: Option<&PyErr>) {
+        let log = self.error_log.bind(py);
+        let res = match err {
+            Some(e) => {
+                let kwargs = PyDict::new(py);
+                let _ = kwargs.set_item("exc_info", e.value(py));
+                log.call_method("error", (msg,), Some(&kwargs))
+            }
+            None => log.call_method1("error", (msg,)),
+        };
+        if let Err(e) = res {
+            // The logger itself failed: last resort is stderr.
+            e.print(py);
+        }
+    }
+
+    /// Logs `msg` at the given `logging` level (10 DEBUG … 50 CRITICAL).
+    pub(crate) fn log(&self, py: Python<'_>, level: u8, msg: &str) {
+        if let Err(e) = self.error_log.bind(py).call_method1("log", (level, msg)) {
+            e.print(py);
+        }
+    }
+}
+
+/// Completes an asyncio future with `value`, unless it was already done
+/// (cancelled by the app). Returns whether the value was delivered.
+pub(crate) fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, value: Bound<'_, PyAny>) -> bool {
+    let n = names(py);
+    if is_done(py, fut) {
+        return false;
+    }
+    fut.call_method1(n.set_result.bind(py), (value,)).is_ok()
+}
+
+/// Fails an asyncio future with `ClientDisconnected(msg)` unless it is done.
+pub(crate) fn fail_disconnected(py: Python<'_>, fut: &Bound<'_, PyAny>, msg: &str) {
+    let n = names(py);
+    if is_done(py, fut) {
+        return;
+    }
+    let exc = ClientDisconnected::new_err(msg.to_owned()).into_value(py);
+    let _ = fut.call_method1(n.set_exception.bind(py), (exc,));
+}
+
+/// Whether an asyncio future is done (a failing check counts as done).
+pub(crate) fn is_done(py: Python<'_>, fut: &Bound<'_, PyAny>) -> bool {
+    fut.call_method0(names(py).done.bind(py))
+        .and_then(|d| d.is_truthy())
+        .unwrap_or(true)
+}

@@ -1,0 +1,112 @@
+//! Tokio → Python event queue.
+//!
+//! The queue is bounded by construction rather than by a counter: every
+//! connection has at most one request event in flight, each exchange is
+//! enqueued for attention at most once at a time (see
+//! `Exchange::needs_python`), and log records are capped (see
+//! [`PyQueue::push_log`]).
+
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use parking_lot::Mutex;
+
+use crate::http::exchange::Exchange;
+use crate::http::service::HttpRequest;
+use crate::lifespan::LifespanCommand;
+use crate::logging::LogRecord;
+
+/// Most log records waiting for the asyncio thread; further records are
+/// counted and reported in one line once the queue drains.
+const MAX_PENDING_LOGS: usize = 1024;
+
+/// Work for the asyncio thread.
+pub(crate) enum Event {
+    /// A new HTTP request: build its scope and start the application.
+    Http(Box<HttpRequest>),
+    /// An exchange has news for a Python waiter (body data, space for a
+    /// response chunk, or the client went away).
+    Wake(Arc<Exchange>),
+    /// Start or stop the lifespan protocol.
+    Lifespan(LifespanCommand),
+    /// A log line from a Tokio thread, to be written through Python logging.
+    Log(LogRecord),
+    /// Reopen log files (SIGUSR1).
+    ReopenLogs,
+}
+
+/// A multi-producer queue drained by the asyncio loop's reader callback.
+pub(crate) struct PyQueue {
+    events: Mutex<Vec<Event>>,
+    /// True from the first push after a drain until the next drain: only
+    /// that first push pays for the eventfd write.
+    notified: AtomicBool,
+    efd: EventFd,
+    pending_logs: AtomicUsize,
+    dropped_logs: AtomicUsize,
+}
+
+impl PyQueue {
+    /// Creates the queue and its non-blocking eventfd.
+    ///
+    /// Errors: the `eventfd(2)` failure (e.g. `EMFILE`).
+    pub(crate) fn new() -> std::io::Result<Self> {
+        let efd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
+        Ok(Self {
+            events: Mutex::new(Vec::with_capacity(256)),
+            notified: AtomicBool::new(false),
+            efd,
+            pending_logs: AtomicUsize::new(0),
+            dropped_logs: AtomicUsize::new(0),
+        })
+    }
+
+    /// The file descriptor the asyncio loop watches for readability.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.efd.as_fd().as_raw_fd()
+    }
+
+    /// Queues an event; wakes the asyncio thread if it was not already woken.
+    pub(crate) fn push(&self, event: Event) {
+        self.events.lock().push(event);
+        if !self.notified.swap(true, Ordering::SeqCst) {
+            // EAGAIN only if the counter would overflow, which needs 2^64
+            // unread writes: the reader is already woken in that case.
+            let _ = self.efd.write(1);
+        }
+    }
+
+    /// Queues a log record unless too many are already waiting.
+    pub(crate) fn push_log(&self, record: LogRecord) {
+        if self.pending_logs.fetch_add(1, Ordering::Relaxed) >= MAX_PENDING_LOGS {
+            self.pending_logs.fetch_sub(1, Ordering::Relaxed);
+            self.dropped_logs.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.push(Event::Log(record));
+    }
+
+    /// Called for each log record taken off the queue.
+    pub(crate) fn log_taken(&self) {
+        self.pending_logs.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// How many log records were dropped since the last call.
+    pub(crate) fn take_dropped_logs(&self) -> usize {
+        self.dropped_logs.swap(0, Ordering::Relaxed)
+    }
+
+    /// Moves every queued event into `out` (which must be empty).
+    ///
+    /// Runs on the asyncio thread. The flag is cleared *before* the swap, so
+    /// a push racing with this call either lands in this batch or wakes the
+    /// loop again: no event is ever left without a wakeup.
+    pub(crate) fn take_into(&self, out: &mut Vec<Event>) {
+        debug_assert!(out.is_empty());
+        let _ = self.efd.read();
+        self.notified.store(false, Ordering::SeqCst);
+        std::mem::swap(&mut *self.events.lock(), out);
+    }
+}

@@ -1,0 +1,141 @@
+//! The response body type handed to hyper.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_TYPE};
+use http::{HeaderValue, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::http::conn::{BusyGuard, ConnCtx};
+use crate::http::exchange::{Aborted, Exchange};
+use crate::http::service::pump_body;
+
+/// A streamed response body: chunks come from the app through the exchange.
+/// While it is being written, the request body keeps being read for the app
+/// (an app may stream its answer before it has read the whole upload).
+pub(crate) struct StreamBody {
+    exch: Arc<Exchange>,
+    incoming: Option<Incoming>,
+    conn: Arc<ConnCtx>,
+    expect_continue: bool,
+    finished: bool,
+}
+
+impl StreamBody {
+    pub(crate) fn new(
+        exch: Arc<Exchange>,
+        incoming: Option<Incoming>,
+        conn: Arc<ConnCtx>,
+        expect_continue: bool,
+    ) -> Self {
+        Self {
+            exch,
+            incoming,
+            conn,
+            expect_continue,
+            finished: false,
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        let shared = &*self.conn.shared;
+        pump_body(cx, &self.exch, &mut self.incoming, shared, self.expect_continue);
+        match self.exch.poll_chunk(cx, shared) {
+            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+            Poll::Ready(Some(Err(e))) => {
+                self.finished = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                self.finished = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for StreamBody {
+    fn drop(&mut self) {
+        if !self.finished {
+            // hyper dropped the body before its end: the client is gone.
+            self.exch.mark_gone(&self.conn.shared);
+        }
+    }
+}
+
+enum Kind {
+    Full(Option<Bytes>),
+    Stream(Box<StreamBody>),
+}
+
+/// A response body: whole, or streamed from the app.
+///
+/// It holds the connection's busy guard, so the keep-alive idle timer starts
+/// only once hyper has written (or dropped) the whole body.
+pub(crate) struct ResponseBody {
+    kind: Kind,
+    _busy: BusyGuard,
+}
+
+impl ResponseBody {
+    pub(crate) fn full(data: Bytes, busy: BusyGuard) -> Self {
+        Self {
+            kind: Kind::Full(Some(data)),
+            _busy: busy,
+        }
+    }
+
+    pub(crate) fn stream(body: StreamBody, busy: BusyGuard) -> Self {
+        Self {
+            kind: Kind::Stream(Box::new(body)),
+            _busy: busy,
+        }
+    }
+
+    /// A plain `400 Bad Request` that closes the connection.
+    pub(crate) fn bad_request(busy: BusyGuard) -> Response<Self> {
+        let mut resp = Response::new(Self::full(Bytes::from_static(b"Bad Request"), busy));
+        *resp.status_mut() = StatusCode::BAD_REQUEST;
+        resp.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        resp
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Aborted;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        match &mut self.get_mut().kind {
+            Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Stream(s) => s.poll(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full(d) => d.as_ref().is_none_or(Bytes::is_empty),
+            Kind::Stream(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Stream(_) => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! One client connection: hyper's HTTP/1.1 state machine plus the timers
+//! hyper does not have in the shape a server needs.
+//!
+//! hyper's own `header_read_timeout` starts whenever it waits for a request
+//! head, so it also ends idle keep-alive connections; Skirr needs two
+//! distinct limits. [`Activity`] tracks the connection's phase (idle,
+//! reading a head, busy with a request) and one timer per connection checks
+//! it lazily: the clock is read only on phase changes and when the timer
+//! fires, never per byte.
+
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use pyo3::prelude::*;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::CancellationToken;
+
+use crate::http::service;
+use crate::server::Shared;
+
+/// Where a listener is bound, for `scope["server"]`.
+#[derive(Debug, Clone)]
+pub(crate) enum LocalAddr {
+    Tcp(SocketAddr),
+    Unix(String),
+}
+
+/// Per-listener data shared by its connections.
+pub(crate) struct ListenerInfo {
+    pub(crate) local: LocalAddr,
+    /// `scope["server"]`, built once on the asyncio thread.
+    pub(crate) py_server: OnceLock<Py<PyAny>>,
+}
+
+/// Per-connection data shared by its requests.
+pub(crate) struct ConnCtx {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) listener: Arc<ListenerInfo>,
+    /// The peer; `None` for Unix sockets.
+    pub(crate) peer: Option<SocketAddr>,
+    /// `scope["client"]`, built once on the asyncio thread.
+    pub(crate) py_client: OnceLock<Py<PyAny>>,
+    pub(crate) activity: Activity,
+}
+
+fn clock_base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// Milliseconds since the first call: a cheap monotonic clock for timers.
+fn clock_ms() -> u64 {
+    clock_base().elapsed().as_millis() as u64
+}
+
+fn deadline_at(ms: u64) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(clock_base() + Duration::from_millis(ms))
+}
+
+/// What a connection is doing, for its timers.
+#[derive(Default)]
+pub(crate) struct Activity {
+    /// A request is being served (from its head until its body is written).
+    busy: AtomicBool,
+    /// Bytes of a new request arrived while idle; the head is incomplete.
+    reading_head: AtomicBool,
+    /// When the current idle or head-reading phase began (`clock_ms`).
+    since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        let a = Activity::default();
+        a.since_ms.store(clock_ms(), Ordering::Relaxed);
+        a
+    }
+
+    fn on_bytes(&self) {
+        if !self.busy.load(Ordering::Relaxed) && !self.reading_head.load(Ordering::Relaxed) {
+            self.reading_head.store(true, Ordering::Relaxed);
+            self.since_ms.store(clock_ms(), Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn start_request(&self) {
+        self.busy.store(true, Ordering::Relaxed);
+        self.reading_head.store(false, Ordering::Relaxed);
+    }
+
+    pub(crate) fn end_request(&self) {
+        self.since_ms.store(clock_ms(), Ordering::Relaxed);
+        self.busy.store(false, Ordering::Relaxed);
+    }
+
+    /// `Ok(next check)` or `Err(reason)` when the connection must close.
+    fn check(&self, keepalive: Duration, header: Duration) -> Result<u64, &'static str> {
+        let now = clock_ms();
+        if self.busy.load(Ordering::Relaxed) {
+            return Ok(now + keepalive.as_millis().max(1) as u64);
+        }
+        let since = self.since_ms.load(Ordering::Relaxed);
+        let (limit, reason) = if self.reading_head.load(Ordering::Relaxed) {
+            (header, "request head not received in time")
+        } else {
+            (keepalive, "keep-alive idle timeout")
+        };
+        let due = since + limit.as_millis() as u64;
+        if now >= due {
+            Err(reason)
+        } else {
+            Ok(due)
+        }
+    }
+}
+
+/// Marks the connection busy for the lifetime of one request/response.
+pub(crate) struct BusyGuard(Arc<ConnCtx>);
+
+impl BusyGuard {
+    pub(crate) fn new(conn: &Arc<ConnCtx>) -> Self {
+        conn.activity.start_request();
+        BusyGuard(Arc::clone(conn))
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.activity.end_request();
+    }
+}
+
+/// Transport wrapper that reports the first byte of each request head.
+struct TrackedIo<I> {
+    inner: I,
+    conn: Arc<ConnCtx>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for TrackedIo<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.conn.activity.on_bytes();
+        }
+        res
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for TrackedIo<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Serves one connection until it closes, times out, or the server stops.
+///
+/// `drain` asks for a graceful close (finish the in-flight response, then
+/// close); `abort` drops the connection at once.
+pub(crate) async fn serve<I>(
+    io: I,
+    shared: Arc<Shared>,
+    listener: Arc<ListenerInfo>,
+    peer: Option<SocketAddr>,
+    drain: CancellationToken,
+    abort: CancellationToken,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let ctx = Arc::new(ConnCtx {
+        shared: Arc::clone(&shared),
+        listener,
+        peer,
+        py_client: OnceLock::new(),
+        activity: Activity::new(),
+    });
+    let svc = {
+        let ctx = Arc::clone(&ctx);
+        service_fn(move |req| service::handle(req, Arc::clone(&ctx)))
+    };
+    let io = TokioIo::new(TrackedIo {
+        inner: io,
+        conn: Arc::clone(&ctx),
+    });
+    let mut conn = pin!(shared.http1.serve_connection(io, svc).with_upgrades());
+    let keepalive = shared.config.keepalive_timeout;
+    let header = shared.config.header_read_timeout;
+    let first = clock_ms() + header.min(keepalive).as_millis() as u64;
+    let mut timer = pin!(tokio::time::sleep_until(deadline_at(first)));
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!("connection from {:?} ended: {e}", peer);
+                }
+                break;
+            }
+            _ = drain.cancelled(), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = abort.cancelled() => break,
+            _ = &mut timer => match ctx.activity.check(keepalive, header) {
+                Ok(next) => timer.as_mut().reset(deadline_at(next)),
+                Err(reason) => {
+                    tracing::debug!("closing connection from {:?}: {reason}", peer);
+                    break;
+                }
+            },
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The state one HTTP request/response shares between the Tokio task that
+//! serves its connection and the asyncio Task that runs the application.
+//!
+//! Both sides lock [`Exchange::st`] for a few instructions at a time; neither
+//! ever waits on the other while holding it, and the Tokio side never touches
+//! Python objects (the waiters are only read or replaced under the GIL).
+//!
+//! Capacity rules (every queue here is bounded):
+//! * request body: the Tokio side stops reading from the socket once
+//!   `body_bytes >= body_buffer` (backpressure to the client);
+//! * response body: `send()` queues its chunk and then waits while
+//!   `out_bytes >= send_buffer` (backpressure to the app), so at most one
+//!   chunk beyond the limit is ever held.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use parking_lot::{Mutex, MutexGuard};
+use pyo3::prelude::*;
+
+use crate::bridge::queue::Event;
+use crate::server::Shared;
+
+/// How the response body travels.
+pub(crate) enum BodyOut {
+    /// The whole body is known: written with a `Content-Length`.
+    Full(Bytes),
+    /// Chunks follow through the exchange's queue.
+    Stream,
+}
+
+/// A response head ready for the wire.
+pub(crate) struct ResponseHead {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: BodyOut,
+}
+
+/// A streamed response ended badly: the connection must be closed rather
+/// than the response terminated as if complete.
+#[derive(Debug)]
+pub(crate) struct Aborted;
+
+impl std::fmt::Display for Aborted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the application did not complete the response")
+    }
+}
+
+impl std::error::Error for Aborted {}
+
+/// Mutable state; see the module docs for who touches what.
+#[derive(Default)]
+pub(crate) struct ExchState {
+    // ---- response: Python → Tokio
+    pub(crate) head: Option<ResponseHead>,
+    pub(crate) out: VecDeque<Bytes>,
+    pub(crate) out_bytes: usize,
+    pub(crate) out_end: bool,
+    pub(crate) out_abort: bool,
+    /// The Tokio task waiting for the head, a chunk, or room to read body.
+    pub(crate) tokio_waker: Option<Waker>,
+    /// asyncio future of a `send()` waiting for room in `out`.
+    pub(crate) send_waiter: Option<Py<PyAny>>,
+    // ---- request body: Tokio → Python
+    pub(crate) body: VecDeque<Bytes>,
+    pub(crate) body_bytes: usize,
+    pub(crate) body_end: bool,
+    /// The app has called `receive()`: gates `100 Continue`.
+    pub(crate) body_wanted: bool,
+    /// asyncio future of a `receive()` waiting for data or a disconnect.
+    pub(crate) recv_waiter: Option<Py<PyAny>>,
+    /// The final `http.request` (`more_body` false) was delivered.
+    pub(crate) request_complete: bool,
+    // ---- lifecycle
+    /// The client went away (or the connection failed) before the response
+    /// was fully written.
+    pub(crate) gone: bool,
+    /// The app sent its final body (or a 500 was produced): `receive()`
+    /// now answers `http.disconnect`.
+    pub(crate) responded: bool,
+}
+
+/// Shared per-request state. See the module docs.
+#[derive(Default)]
+pub(crate) struct Exchange {
+    st: Mutex<ExchState>,
+    /// Already queued for the asyncio thread's attention.
+    queued: AtomicBool,
+}
+
+impl Exchange {
+    /// An exchange whose request body is already complete (`body` may be
+    /// empty for a request without one).
+    pub(crate) fn with_complete_body(body: Bytes) -> Self {
+        let ex = Exchange::default();
+        {
+            let mut st = ex.st.lock();
+            st.body_end = true;
+            if !body.is_empty() {
+                st.body_bytes = body.len();
+                st.body.push_back(body);
+            }
+        }
+        ex
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ExchState> {
+        self.st.lock()
+    }
+
+    /// Asks the asyncio thread to look at this exchange's waiters, unless it
+    /// is already queued.
+    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Shared) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            shared.queue.push(Event::Wake(Arc::clone(self)));
+        }
+    }
+
+    /// Called by the asyncio thread when it takes a `Wake` event.
+    pub(crate) fn unqueue(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    // ------------------------------------------------------------ Tokio side
+
+    /// Waits for the response head.
+    pub(crate) fn poll_head(&self, cx: &mut Context<'_>) -> Poll<ResponseHead> {
+        let mut st = self.st.lock();
+        if let Some(head) = st.head.take() {
+            return Poll::Ready(head);
+        }
+        register(&mut st.tokio_waker, cx);
+        Poll::Pending
+    }
+
+    /// Next response chunk: `Some(Ok)` data, `None` the end, `Some(Err)`
+    /// when the app failed mid-stream.
+    pub(crate) fn poll_chunk(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        shared: &Shared,
+    ) -> Poll<Option<Result<Bytes, Aborted>>> {
+        let mut st = self.st.lock();
+        if let Some(chunk) = st.out.pop_front() {
+            let was_full = st.out_bytes >= shared.config.send_buffer;
+            st.out_bytes -= chunk.len();
+            if was_full && st.out_bytes < shared.config.send_buffer && st.send_waiter.is_some() {
+                drop(st);
+                self.needs_python(shared);
+            }
+            return Poll::Ready(Some(Ok(chunk)));
+        }
+        if st.out_abort {
+            return Poll::Ready(Some(Err(Aborted)));
+        }
+        if st.out_end {
+            return Poll::Ready(None);
+        }
+        register(&mut st.tokio_waker, cx);
+        Poll::Pending
+    }
+
+    /// Whether the Tokio side should read more request body now.
+    pub(crate) fn wants_body(&self, shared: &Shared, expect_continue: bool) -> bool {
+        let st = self.st.lock();
+        !st.gone
+            && !st.body_end
+            && st.body_bytes < shared.config.body_buffer
+            && (st.body_wanted || !expect_continue)
+    }
+
+    /// Queues request-body data, split into chunks the app may receive.
+    pub(crate) fn push_body(self: &Arc<Self>, mut data: Bytes, shared: &Shared) {
+        let max = shared.config.body_chunk_size;
+        let mut st = self.st.lock();
+        st.body_bytes += data.len();
+        while data.len() > max {
+            let head = data.split_to(max);
+            st.body.push_back(head);
+        }
+        if !data.is_empty() {
+            st.body.push_back(data);
+        }
+        let wake = st.recv_waiter.is_some();
+        drop(st);
+        if wake {
+            self.needs_python(shared);
+        }
+    }
+
+    /// The request body is complete.
+    pub(crate) fn end_body(self: &Arc<Self>, shared: &Shared) {
+        let mut st = self.st.lock();
+        st.body_end = true;
+        let wake = st.recv_waiter.is_some();
+        drop(st);
+        if wake {
+            self.needs_python(shared);
+        }
+    }
+
+    /// The client went away (or its connection failed) before the response
+    /// was written: wake whatever the app is waiting on.
+    pub(crate) fn mark_gone(self: &Arc<Self>, shared: &Shared) {
+        let mut st = self.st.lock();
+        if st.gone {
+            return;
+        }
+        st.gone = true;
+        st.body_end = true;
+        let wake = st.recv_waiter.is_some() || st.send_waiter.is_some();
+        drop(st);
+        if wake {
+            self.needs_python(shared);
+        }
+    }
+
+    // ----------------------------------------------------------- Python side
+
+    /// Hands the response head to the Tokio side.
+    pub(crate) fn respond(&self, head: ResponseHead, shared: &Shared) {
+        let mut st = self.st.lock();
+        st.head = Some(head);
+        wake_tokio(&mut st, shared);
+    }
+
+    /// Queues a response chunk (`end` marks the last one). Returns whether
+    /// the queue is now at or above its limit, i.e. `send()` must wait.
+    pub(crate) fn push_out(&self, chunk: Bytes, end: bool, shared: &Shared) -> bool {
+        let mut st = self.st.lock();
+        if !chunk.is_empty() {
+            st.out_bytes += chunk.len();
+            st.out.push_back(chunk);
+        }
+        st.out_end |= end;
+        let full = st.out_bytes >= shared.config.send_buffer && !end;
+        wake_tokio(&mut st, shared);
+        full
+    }
+
+    /// The app failed mid-stream: the connection will be closed.
+    pub(crate) fn abort(&self, shared: &Shared) {
+        let mut st = self.st.lock();
+        st.out_abort = true;
+        wake_tokio(&mut st, shared);
+    }
+
+    /// Room freed in the request-body buffer, or the app started reading:
+    /// let the Tokio side read more.
+    pub(crate) fn resume_body(&self, st: &mut ExchState, shared: &Shared) {
+        wake_tokio(st, shared);
+    }
+}
+
+fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {
+    match slot {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        _ => *slot = Some(cx.waker().clone()),
+    }
+}
+
+fn wake_tokio(st: &mut ExchState, shared: &Shared) {
+    if let Some(w) = st.tokio_waker.take() {
+        shared.wakeups.wake(w);
+    }
+}

@@ -1,0 +1,236 @@
+//! Validating what an application passes to `send()` on an HTTP connection
+//! (ASGI HTTP spec 2.5, "Response Start" and "Response Body").
+//!
+//! Errors name the message type and field: `TypeError` when a value has the
+//! wrong type, `RuntimeError` when it has a forbidden value.
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::{HeaderMap, StatusCode};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyString};
+
+use crate::bridge::names::names;
+
+/// Bodies at least this large are handed to hyper without a copy.
+const ZERO_COPY_MIN: usize = 4096;
+
+/// A parsed `send()` message for an HTTP connection.
+pub(crate) enum HttpSend {
+    Start {
+        status: StatusCode,
+        headers: HeaderMap,
+    },
+    Body {
+        body: Bytes,
+        more_body: bool,
+    },
+}
+
+/// Holds a `bytes` object so hyper can write its buffer without a copy.
+struct PyBytesOwner {
+    _obj: Py<PyBytes>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a `bytes` object is immutable and its buffer lives as long as the
+// object, which `_obj` keeps alive; the buffer is only ever read. Dropping
+// `Py<PyBytes>` off the asyncio thread defers the decref to PyO3's pool.
+unsafe impl Send for PyBytesOwner {}
+// SAFETY: see above; shared access is read-only.
+unsafe impl Sync for PyBytesOwner {}
+
+impl AsRef<[u8]> for PyBytesOwner {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr`/`len` describe the buffer of the live, immutable
+        // bytes object held by `_obj`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Converts a `bytes`-like `body` into [`Bytes`], without copying large
+/// `bytes` objects.
+pub(crate) fn body_bytes(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Bytes> {
+    if let Ok(b) = v.cast::<PyBytes>() {
+        let s = b.as_bytes();
+        if s.len() < ZERO_COPY_MIN {
+            return Ok(Bytes::copy_from_slice(s));
+        }
+        return Ok(Bytes::from_owner(PyBytesOwner {
+            ptr: s.as_ptr(),
+            len: s.len(),
+            _obj: b.clone().unbind(),
+        }));
+    }
+    if let Ok(b) = v.cast::<PyByteArray>() {
+        return Ok(Bytes::from(b.to_vec()));
+    }
+    if v.is_instance_of::<PyMemoryView>() {
+        let b: Vec<u8> = v.call_method0("tobytes")?.extract()?;
+        return Ok(Bytes::from(b));
+    }
+    Err(PyTypeError::new_err(format!(
+        "{what} must be bytes, got {}",
+        v.get_type().name()?
+    )))
+}
+
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Reads `message["type"]`, checking `message` is a dict.
+pub(crate) fn message_type<'py>(
+    message: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyString>)> {
+    let py = message.py();
+    let d = message.cast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "ASGI messages must be dicts, got {}",
+            type_name(message)
+        ))
+    })?;
+    let t = d
+        .get_item(names(py).type_.bind(py))?
+        .ok_or_else(|| PyTypeError::new_err("ASGI message has no 'type' key"))?;
+    let t = t.cast_into::<PyString>().map_err(|e| {
+        PyTypeError::new_err(format!(
+            "ASGI message 'type' must be a str, got {}",
+            type_name(&e.into_inner())
+        ))
+    })?;
+    Ok((d.clone(), t))
+}
+
+/// Compares an interned name with a message type, pointer first.
+pub(crate) fn is(t: &Bound<'_, PyString>, name: &Py<PyString>) -> bool {
+    t.as_ptr() == name.as_ptr() || t.to_str().is_ok_and(|s| s == name.bind(t.py()).to_str().unwrap_or(""))
+}
+
+/// Parses the `headers` of a start message into a `HeaderMap`.
+///
+/// `Transfer-Encoding` is dropped: the server owns message framing (it picks
+/// `Content-Length`, chunked, or close-delimited per RFC 9112 §6).
+pub(crate) fn parse_headers(v: &Bound<'_, PyAny>, what: &str) -> PyResult<HeaderMap> {
+    let mut map = HeaderMap::new();
+    for item in v.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} 'headers' must be an iterable of [name, value] pairs, got {}",
+            type_name(v)
+        ))
+    })? {
+        let item = item?;
+        let mut pair = item.try_iter().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{what} 'headers' items must be [name, value] pairs, got {}",
+                type_name(&item)
+            ))
+        })?;
+        let (Some(name), Some(value), None) = (pair.next(), pair.next(), pair.next()) else {
+            return Err(PyTypeError::new_err(format!(
+                "{what} 'headers' items must be [name, value] pairs of exactly two byte strings"
+            )));
+        };
+        let (name, value) = (name?, value?);
+        let name = name.cast::<PyBytes>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{what} header names must be bytes, got {}",
+                type_name(&name)
+            ))
+        })?;
+        let value = value.cast::<PyBytes>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{what} header values must be bytes, got {} for header {:?}",
+                type_name(&value),
+                String::from_utf8_lossy(name.as_bytes())
+            ))
+        })?;
+        let hn = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            PyRuntimeError::new_err(format!(
+                "{what} has an invalid header name {:?}",
+                String::from_utf8_lossy(name.as_bytes())
+            ))
+        })?;
+        let hv = HeaderValue::from_bytes(value.as_bytes()).map_err(|_| {
+            PyRuntimeError::new_err(format!(
+                "{what} header {:?} has an invalid value (control characters such as CR, LF \
+                 or NUL are not allowed)",
+                hn.as_str()
+            ))
+        })?;
+        if hn == TRANSFER_ENCODING {
+            continue;
+        }
+        map.append(hn, hv);
+    }
+    Ok(map)
+}
+
+/// Parses an HTTP `send()` message.
+///
+/// Errors: `TypeError`/`RuntimeError` naming the offending field, or
+/// `RuntimeError` for a message type that has no meaning on HTTP.
+pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> {
+    let py = message.py();
+    let n = names(py);
+    let (d, t) = message_type(message)?;
+    if is(&t, &n.http_response_body) {
+        let body = match d.get_item(n.body.bind(py))? {
+            Some(b) => body_bytes(&b, "http.response.body 'body'")?,
+            None => Bytes::new(),
+        };
+        let more_body = match d.get_item(n.more_body.bind(py))? {
+            Some(m) => m.is_truthy()?,
+            None => false,
+        };
+        return Ok(HttpSend::Body { body, more_body });
+    }
+    if is(&t, &n.http_response_start) {
+        const WHAT: &str = "http.response.start";
+        let status = d
+            .get_item(n.status.bind(py))?
+            .ok_or_else(|| PyTypeError::new_err("http.response.start requires 'status'"))?;
+        if status.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(PyTypeError::new_err("http.response.start 'status' must be an int, got bool"));
+        }
+        let code: i64 = status.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "http.response.start 'status' must be an int, got {}",
+                type_name(&status)
+            ))
+        })?;
+        let status = u16::try_from(code)
+            .ok()
+            .filter(|c| (200..=599).contains(c))
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .ok_or_else(|| {
+                PyRuntimeError::new_err(format!(
+                    "http.response.start 'status' must be a final status code in 200..=599, \
+                     got {code}"
+                ))
+            })?;
+        let headers = match d.get_item(n.headers.bind(py))? {
+            Some(h) => parse_headers(&h, WHAT)?,
+            None => HeaderMap::new(),
+        };
+        if let Some(tr) = d.get_item(n.trailers.bind(py))? {
+            if tr.is_truthy()? {
+                return Err(PyRuntimeError::new_err(
+                    "http.response.start 'trailers' is not supported by this server \
+                     (the http.response.trailers extension is not advertised)",
+                ));
+            }
+        }
+        return Ok(HttpSend::Start { status, headers });
+    }
+    Err(PyRuntimeError::new_err(format!(
+        "unexpected ASGI message type {:?} on an HTTP connection \
+         (expected 'http.response.start' or 'http.response.body')",
+        t.to_string_lossy()
+    )))
+}

@@ -1,0 +1,66 @@
+//! HTTP/1.1 over hyper, bridged to ASGI's HTTP protocol.
+//!
+//! Data flow: [`conn`] accepts bytes and drives hyper → [`service`] turns a
+//! parsed head into an [`service::HttpRequest`] for the asyncio thread →
+//! [`scope`] builds the scope there, [`protocol`] gives the app `receive` and
+//! `send` → [`message`] validates what it sends → [`exchange`] carries it
+//! back → [`body`] feeds it to hyper, which writes the wire.
+
+pub(crate) mod body;
+pub(crate) mod conn;
+pub(crate) mod exchange;
+pub(crate) mod message;
+pub(crate) mod protocol;
+pub(crate) mod scope;
+pub(crate) mod service;
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use crate::bridge::context::AppContext;
+use crate::bridge::task::{call_app, AppCall, Owner};
+use crate::http::protocol::HttpProtocol;
+use crate::http::service::HttpRequest;
+
+/// Starts the application for a request (on the asyncio thread).
+///
+/// Never raises: a failure before the app runs is logged and answered 500.
+pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>) {
+    let scope = match scope::http_scope(py, ctx, &req) {
+        Ok(s) => s,
+        Err(e) => {
+            ctx.log_error(py, "could not build the HTTP scope", Some(&e));
+            let proto = HttpProtocol::new(Arc::clone(&req.exch), Arc::clone(ctx), req.received, None);
+            proto.on_error(py, e);
+            return;
+        }
+    };
+    let keep_scope = ctx.access_log.is_some().then(|| scope.clone().unbind());
+    let proto = match Py::new(
+        py,
+        HttpProtocol::new(Arc::clone(&req.exch), Arc::clone(ctx), req.received, keep_scope),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            ctx.log_error(py, "could not create the HTTP protocol", Some(&e));
+            return;
+        }
+    };
+    let run = || -> PyResult<()> {
+        let b = proto.bind(py);
+        let receive = b.getattr(pyo3::intern!(py, "receive"))?;
+        let send = b.getattr(pyo3::intern!(py, "send"))?;
+        let coro = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])?;
+        let call = Bound::new(py, AppCall::new(coro.unbind(), Owner::Http(proto.clone_ref(py))))?;
+        ctx.spawn(py, call.into_any())
+    };
+    if let Err(e) = run() {
+        proto.get().on_error(py, e);
+    }
+}
+
+/// Handles a `Wake` event for an exchange (on the asyncio thread).
+pub(crate) fn wake(py: Python<'_>, ctx: &AppContext, exch: &exchange::Exchange) {
+    protocol::on_wake(py, ctx, exch);
+}

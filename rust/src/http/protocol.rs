@@ -1,0 +1,394 @@
+//! `receive` and `send` for one HTTP request (ASGI HTTP spec 2.5).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::bridge::awaitable::{done, ready};
+use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
+use crate::bridge::names::names;
+use crate::errors::ClientDisconnected;
+use crate::http::exchange::{BodyOut, ExchState, Exchange, ResponseHead};
+use crate::http::message::{parse_http_send, HttpSend};
+use crate::server::Shared;
+
+/// Where the app is in its response.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// Nothing sent yet.
+    Initial,
+    /// `http.response.start` received and held until the first body chunk
+    /// (or until the app suspends), so a one-chunk response is written as
+    /// one head-plus-body with a `Content-Length`.
+    Held,
+    /// Head handed to hyper; body chunks are streaming.
+    Streaming,
+    /// Final body sent (or a 500 produced).
+    Done,
+}
+
+struct ProtoState {
+    phase: Phase,
+    held: Option<(StatusCode, HeaderMap)>,
+    status: u16,
+    sent: u64,
+    /// For the access log: the scope and the response headers as sent.
+    scope: Option<Py<PyDict>>,
+    response_headers: Option<Py<PyAny>>,
+}
+
+/// `receive` and `send` callables for one HTTP request.
+#[pyclass(frozen, freelist = 256, module = "skirr._skirr")]
+pub(crate) struct HttpProtocol {
+    exch: Arc<Exchange>,
+    ctx: Arc<AppContext>,
+    received: Instant,
+    st: Mutex<ProtoState>,
+}
+
+fn request_message<'py>(py: Python<'py>, body: &[u8], more: bool) -> PyResult<Bound<'py, PyAny>> {
+    let n = names(py);
+    let d = PyDict::new(py);
+    d.set_item(n.type_.bind(py), n.http_request.bind(py))?;
+    d.set_item(n.body.bind(py), PyBytes::new(py, body))?;
+    d.set_item(n.more_body.bind(py), more)?;
+    Ok(d.into_any())
+}
+
+fn disconnect_message(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let n = names(py);
+    let d = PyDict::new(py);
+    d.set_item(n.type_.bind(py), n.http_disconnect.bind(py))?;
+    Ok(d.into_any())
+}
+
+fn plain_500() -> ResponseHead {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    ResponseHead {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        headers,
+        body: BodyOut::Full(Bytes::from_static(b"Internal Server Error")),
+    }
+}
+
+
+/// The next message `receive()` can deliver right now, if any.
+fn next_message<'py>(
+    py: Python<'py>,
+    exch: &Exchange,
+    ex: &mut ExchState,
+    shared: &Shared,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let cfg = &shared.config;
+    if let Some(chunk) = ex.body.pop_front() {
+        let was_full = ex.body_bytes >= cfg.body_buffer;
+        ex.body_bytes -= chunk.len();
+        if was_full && ex.body_bytes < cfg.body_buffer {
+            exch.resume_body(ex, shared);
+        }
+        let more = !(ex.body.is_empty() && ex.body_end);
+        ex.request_complete = !more;
+        return request_message(py, &chunk, more).map(Some);
+    }
+    if ex.gone || ex.responded {
+        // Once the response was sent (or the client left), only a
+        // disconnect is left to report (ASGI HTTP spec, "Disconnected").
+        return disconnect_message(py).map(Some);
+    }
+    if ex.body_end && !ex.request_complete {
+        ex.request_complete = true;
+        return request_message(py, b"", false).map(Some);
+    }
+    Ok(None)
+}
+
+/// Handles a `Wake` event: completes the waiters of `exch` that can
+/// complete now (on the asyncio thread).
+pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
+    let shared = &ctx.shared;
+    let mut ex = exch.lock();
+    let mut recv = None;
+    if let Some(w) = ex.recv_waiter.take() {
+        if !is_done(py, w.bind(py)) {
+            match next_message(py, exch, &mut ex, shared) {
+                Ok(Some(msg)) => recv = Some((w, msg)),
+                Ok(None) => ex.recv_waiter = Some(w),
+                Err(e) => {
+                    drop(ex);
+                    ctx.log_error(py, "could not build an http.request message", Some(&e));
+                    return;
+                }
+            }
+        }
+    }
+    let mut send = None;
+    if ex.send_waiter.is_some() && (ex.gone || ex.out_bytes < shared.config.send_buffer) {
+        send = ex.send_waiter.take().map(|w| (w, ex.gone));
+    }
+    drop(ex);
+    if let Some((w, msg)) = recv {
+        resolve(py, w.bind(py), msg);
+    }
+    if let Some((w, gone)) = send {
+        if gone {
+            fail_disconnected(py, w.bind(py), "the client disconnected");
+        } else {
+            resolve(py, w.bind(py), py.None().into_bound(py));
+        }
+    }
+}
+
+impl HttpProtocol {
+    pub(crate) fn new(
+        exch: Arc<Exchange>,
+        ctx: Arc<AppContext>,
+        received: Instant,
+        scope: Option<Py<PyDict>>,
+    ) -> Self {
+        Self {
+            exch,
+            ctx,
+            received,
+            st: Mutex::new(ProtoState {
+                phase: Phase::Initial,
+                held: None,
+                status: 0,
+                sent: 0,
+                scope,
+                response_headers: None,
+            }),
+        }
+    }
+
+    /// The response is complete from the app's side.
+    fn finish(&self, py: Python<'_>, st: &mut ProtoState) {
+        st.phase = Phase::Done;
+        let waiter = {
+            let mut ex = self.exch.lock();
+            ex.responded = true;
+            ex.recv_waiter.take()
+        };
+        if let Some(w) = waiter {
+            if let Ok(msg) = disconnect_message(py) {
+                resolve(py, w.bind(py), msg);
+            }
+        }
+        if let (Some(access), Some(scope)) = (&self.ctx.access_log, &st.scope) {
+            let headers = st
+                .response_headers
+                .as_ref()
+                .map(|h| h.clone_ref(py))
+                .unwrap_or_else(|| py.None());
+            let secs = self.received.elapsed().as_secs_f64();
+            if let Err(e) = access
+                .bind(py)
+                .call1((scope.bind(py), st.status, headers, st.sent, secs))
+            {
+                self.ctx.log_error(py, "access log failed", Some(&e));
+            }
+        }
+    }
+
+    /// Answers 500 if nothing reached the wire yet, else closes the
+    /// connection.
+    fn fail(&self, py: Python<'_>, st: &mut ProtoState) {
+        match st.phase {
+            Phase::Initial | Phase::Held => {
+                st.held = None;
+                st.status = 500;
+                st.sent = 21;
+                st.response_headers = None;
+                self.exch.respond(plain_500(), &self.ctx.shared);
+                self.finish(py, st);
+            }
+            Phase::Streaming => {
+                self.exch.abort(&self.ctx.shared);
+                st.phase = Phase::Done;
+                self.exch.lock().responded = true;
+            }
+            Phase::Done => {}
+        }
+    }
+
+    /// The app suspended: flush a held start so headers are not delayed by
+    /// an app that waits before its first body chunk.
+    pub(crate) fn on_suspend(&self, _py: Python<'_>) {
+        let mut st = self.st.lock();
+        if st.phase == Phase::Held {
+            if let Some((status, headers)) = st.held.take() {
+                st.phase = Phase::Streaming;
+                self.exch.respond(
+                    ResponseHead {
+                        status,
+                        headers,
+                        body: BodyOut::Stream,
+                    },
+                    &self.ctx.shared,
+                );
+            }
+        }
+    }
+
+    /// The app returned.
+    pub(crate) fn on_return(&self, py: Python<'_>) {
+        let mut st = self.st.lock();
+        if st.phase != Phase::Done {
+            let msg = if st.phase == Phase::Initial {
+                "ASGI callable returned without starting response"
+            } else {
+                "ASGI callable returned without completing response"
+            };
+            self.ctx.log_error(py, msg, None);
+            self.fail(py, &mut st);
+        }
+    }
+
+    /// The app raised.
+    pub(crate) fn on_error(&self, py: Python<'_>, err: PyErr) {
+        let mut st = self.st.lock();
+        let gone = self.exch.lock().gone;
+        if err.is_instance_of::<ClientDisconnected>(py) && gone {
+            // The app let our own disconnect error escape: not a bug to log
+            // at error level.
+            self.ctx.log(py, 10, "ASGI callable stopped: client disconnected");
+        } else {
+            self.ctx
+                .log_error(py, "Exception in ASGI application", Some(&err));
+        }
+        self.fail(py, &mut st);
+    }
+}
+
+#[pymethods]
+impl HttpProtocol {
+    /// `await receive()`: the next `http.request` chunk, or
+    /// `http.disconnect` once the client is gone or the response was sent.
+    ///
+    /// Raises `RuntimeError` if another `receive()` is still pending.
+    fn receive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let mut ex = self.exch.lock();
+        if !ex.body_wanted {
+            ex.body_wanted = true;
+            // Lets the Tokio side start reading (and send `100 Continue`).
+            self.exch.resume_body(&mut ex, &self.ctx.shared);
+        }
+        if let Some(msg) = next_message(py, &self.exch, &mut ex, &self.ctx.shared)? {
+            return ready(py, msg);
+        }
+        if let Some(w) = &ex.recv_waiter {
+            if !is_done(py, w.bind(py)) {
+                return Err(PyRuntimeError::new_err(
+                    "receive() called while a previous receive() is still pending",
+                ));
+            }
+        }
+        let fut = self.ctx.create_future(py)?;
+        ex.recv_waiter = Some(fut.clone().unbind());
+        Ok(fut)
+    }
+
+    /// `await send(message)`: `http.response.start` then
+    /// `http.response.body` (with `more_body` while streaming).
+    ///
+    /// Raises `TypeError`/`RuntimeError` for an invalid message or order,
+    /// and `ClientDisconnected` (an `OSError`) once the client is gone or
+    /// the response is complete.
+    fn send<'py>(&self, py: Python<'py>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let msg = parse_http_send(message)?;
+        let shared = &self.ctx.shared;
+        let mut st = self.st.lock();
+        match msg {
+            HttpSend::Start { status, headers } => {
+                if st.phase != Phase::Initial {
+                    if st.phase == Phase::Done && self.exch.lock().gone {
+                        return Err(ClientDisconnected::new_err("the client disconnected"));
+                    }
+                    return Err(PyRuntimeError::new_err(
+                        "http.response.start sent twice: the response has already started",
+                    ));
+                }
+                st.status = status.as_u16();
+                if st.scope.is_some() {
+                    let h = message.get_item(names(py).headers.bind(py)).ok();
+                    st.response_headers = h.map(Bound::unbind);
+                }
+                st.held = Some((status, headers));
+                st.phase = Phase::Held;
+                done(py)
+            }
+            HttpSend::Body { body, more_body } => {
+                match st.phase {
+                    Phase::Initial => {
+                        return Err(PyRuntimeError::new_err(
+                            "http.response.body sent before http.response.start",
+                        ))
+                    }
+                    Phase::Done => {
+                        let gone = self.exch.lock().gone;
+                        return Err(ClientDisconnected::new_err(if gone {
+                            "the client disconnected"
+                        } else {
+                            "the response is already complete"
+                        }));
+                    }
+                    Phase::Held | Phase::Streaming => {}
+                }
+                if self.exch.lock().gone {
+                    st.phase = Phase::Done;
+                    return Err(ClientDisconnected::new_err("the client disconnected"));
+                }
+                st.sent += body.len() as u64;
+                if st.phase == Phase::Held {
+                    let (status, headers) = st.held.take().unwrap_or_default();
+                    if !more_body {
+                        self.exch.respond(
+                            ResponseHead {
+                                status,
+                                headers,
+                                body: BodyOut::Full(body),
+                            },
+                            shared,
+                        );
+                        self.finish(py, &mut st);
+                        return done(py);
+                    }
+                    st.phase = Phase::Streaming;
+                    self.exch.respond(
+                        ResponseHead {
+                            status,
+                            headers,
+                            body: BodyOut::Stream,
+                        },
+                        shared,
+                    );
+                }
+                let full = self.exch.push_out(body, !more_body, shared);
+                if !more_body {
+                    self.finish(py, &mut st);
+                    return done(py);
+                }
+                if !full {
+                    return done(py);
+                }
+                // Over the send buffer: wait until the client drains it.
+                let fut = self.ctx.create_future(py)?;
+                let mut ex = self.exch.lock();
+                if ex.gone || ex.out_bytes < shared.config.send_buffer {
+                    drop(ex);
+                    return done(py);
+                }
+                ex.send_waiter = Some(fut.clone().unbind());
+                Ok(fut)
+            }
+        }
+    }
+}

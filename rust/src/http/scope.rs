@@ -1,0 +1,151 @@
+//! Building the HTTP connection scope (ASGI HTTP spec 2.5, "Connection
+//! Scope") from a parsed request head.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+
+use http::{Method, Version};
+use percent_encoding::percent_decode_str;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use crate::bridge::context::AppContext;
+use crate::bridge::names::{names, Names};
+use crate::http::conn::LocalAddr;
+use crate::http::service::HttpRequest;
+
+fn method<'py>(py: Python<'py>, n: &Names, m: &Method) -> Bound<'py, PyString> {
+    let interned = match *m {
+        Method::GET => &n.get,
+        Method::POST => &n.post,
+        Method::HEAD => &n.head,
+        Method::PUT => &n.put,
+        Method::DELETE => &n.delete,
+        Method::PATCH => &n.patch,
+        Method::OPTIONS => &n.options,
+        _ => return PyString::new(py, m.as_str()),
+    };
+    interned.bind(py).clone()
+}
+
+/// `path`: the request target's path, percent-decoded, then UTF-8 decoded
+/// (invalid sequences become U+FFFD, as `urllib.parse.unquote` does).
+pub(crate) fn decode_path(raw: &str) -> Cow<'_, str> {
+    percent_decode_str(raw).decode_utf8_lossy()
+}
+
+/// `(host, port)` for a TCP address; IPv4-mapped IPv6 shown as IPv4.
+pub(crate) fn addr_tuple<'py>(py: Python<'py>, addr: &SocketAddr) -> PyResult<Bound<'py, PyAny>> {
+    let ip = addr.ip().to_canonical();
+    Ok((ip.to_string(), addr.port()).into_pyobject(py)?.into_any())
+}
+
+/// `scope["server"]`: `(host, port)`, or `(path, None)` for a Unix socket.
+pub(crate) fn server_tuple<'py>(py: Python<'py>, local: &LocalAddr) -> PyResult<Bound<'py, PyAny>> {
+    match local {
+        LocalAddr::Tcp(a) => addr_tuple(py, a),
+        LocalAddr::Unix(path) => Ok((path.as_str(), py.None()).into_pyobject(py)?.into_any()),
+    }
+}
+
+/// `headers`: `[(name, value), ...]` as bytes; names are lower-case (hyper
+/// normalises them). Repeated fields are kept, each name's values in order.
+pub(crate) fn headers<'py>(py: Python<'py>, map: &http::HeaderMap) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for (name, value) in map {
+        let pair = PyTuple::new(
+            py,
+            [
+                PyBytes::new(py, name.as_str().as_bytes()),
+                PyBytes::new(py, value.as_bytes()),
+            ],
+        )?;
+        list.append(pair)?;
+    }
+    Ok(list)
+}
+
+/// The scope of an HTTP request.
+pub(crate) fn http_scope<'py>(
+    py: Python<'py>,
+    ctx: &AppContext,
+    req: &HttpRequest,
+) -> PyResult<Bound<'py, PyDict>> {
+    let n = names(py);
+    let p = &req.parts;
+    let scope = ctx.http_template.bind(py).copy()?;
+
+    let version = match p.version {
+        Version::HTTP_10 => &n.v1_0,
+        Version::HTTP_2 => &n.v2,
+        _ => &n.v1_1,
+    };
+    scope.set_item(n.http_version.bind(py), version.bind(py))?;
+    scope.set_item(n.method.bind(py), method(py, n, &p.method))?;
+    scope.set_item(n.scheme.bind(py), n.http.bind(py))?;
+
+    let raw = p.uri.path();
+    let decoded = decode_path(raw);
+    if ctx.root_path.is_empty() {
+        scope.set_item(n.path.bind(py), PyString::new(py, &decoded))?;
+        scope.set_item(n.raw_path.bind(py), PyBytes::new(py, raw.as_bytes()))?;
+    } else {
+        let root = &ctx.root_path;
+        scope.set_item(n.path.bind(py), PyString::new(py, &format!("{root}{decoded}")))?;
+        let mut raw_path = Vec::with_capacity(root.len() + raw.len());
+        raw_path.extend_from_slice(root.as_bytes());
+        raw_path.extend_from_slice(raw.as_bytes());
+        scope.set_item(n.raw_path.bind(py), PyBytes::new(py, &raw_path))?;
+    }
+    let query = p.uri.query().unwrap_or("");
+    scope.set_item(n.query_string.bind(py), PyBytes::new(py, query.as_bytes()))?;
+    scope.set_item(n.headers.bind(py), headers(py, &p.headers)?)?;
+
+    let conn = &req.conn;
+    let client = match conn.peer {
+        Some(peer) => match conn.py_client.get() {
+            Some(c) => c.bind(py).clone(),
+            None => {
+                let c = addr_tuple(py, &peer)?;
+                let _ = conn.py_client.set(c.clone().unbind());
+                c
+            }
+        },
+        None => py.None().into_bound(py),
+    };
+    scope.set_item(n.client.bind(py), client)?;
+    let server = match conn.listener.py_server.get() {
+        Some(s) => s.bind(py).clone(),
+        None => {
+            let s = server_tuple(py, &conn.listener.local)?;
+            let _ = conn.listener.py_server.set(s.clone().unbind());
+            s
+        }
+    };
+    scope.set_item(n.server.bind(py), server)?;
+    scope.set_item(n.state.bind(py), ctx.state.bind(py).copy()?)?;
+    scope.set_item(n.extensions.bind(py), PyDict::new(py))?;
+    Ok(scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_path;
+
+    #[test]
+    fn decodes_percent_sequences_as_utf8() {
+        assert_eq!(decode_path("/a%20b"), "/a b");
+        assert_eq!(decode_path("/caf%C3%A9"), "/café");
+        assert_eq!(decode_path("/plain"), "/plain");
+    }
+
+    #[test]
+    fn invalid_utf8_becomes_replacement_character() {
+        assert_eq!(decode_path("/%FF%FE"), "/\u{FFFD}\u{FFFD}");
+    }
+
+    #[test]
+    fn encoded_slash_is_decoded_in_path_only() {
+        assert_eq!(decode_path("/a%2Fb"), "/a/b");
+    }
+}

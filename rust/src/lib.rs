@@ -1,0 +1,30 @@
+//! Skirr: an ASGI 3.0 server written in Rust, run as a Gunicorn worker or
+//! standalone (`python -m skirr`).
+//!
+//! Each worker process builds, after fork, one Tokio runtime that owns every
+//! socket (HTTP/1.1 by hyper) and one asyncio thread that runs the app; the
+//! [`bridge`] moves work between them in batches. Modules follow the data:
+//! [`server`] (accept, drain, signals) → [`http`] (parse, scope, send) →
+//! [`lifespan`], with [`config`], [`runtime`] and [`logging`] beside them.
+
+mod bridge;
+pub mod config;
+mod errors;
+mod http;
+mod lifespan;
+mod logging;
+mod runtime;
+mod server;
+
+use pyo3::prelude::*;
+
+/// The `skirr._skirr` extension module.
+#[pymodule]
+fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<server::Server>()?;
+    m.add("ClientDisconnected", py.get_type::<errors::ClientDisconnected>())?;
+    m.add("StartupFailed", py.get_type::<errors::StartupFailed>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! The ASGI Lifespan protocol (spec 2.0): `lifespan.startup` before the first
+//! connection is accepted, `lifespan.shutdown` after the drain.
+//!
+//! The Tokio side ([`startup`], [`shutdown`]) sends a command through the
+//! event queue and waits, bounded by `lifespan_timeout`, for the outcome the
+//! app reports through [`LifespanProtocol`] on the asyncio thread.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use tokio::sync::oneshot;
+
+use crate::bridge::awaitable::{done, ready};
+use crate::bridge::context::{resolve, AppContext};
+use crate::bridge::names::names;
+use crate::bridge::queue::Event;
+use crate::bridge::task::{call_app, AppCall, Owner};
+use crate::config::LifespanMode;
+use crate::http::message::{is, message_type};
+use crate::server::Shared;
+
+/// What the app reported for a lifespan phase.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// `*.complete`.
+    Complete,
+    /// `*.failed`, with the app's message.
+    Failed(String),
+    /// The app raised before completing startup: it does not speak
+    /// lifespan (the exception's text).
+    Unsupported(String),
+    /// The app returned without reporting: nothing more to wait for.
+    Returned,
+}
+
+/// A lifespan command for the asyncio thread.
+pub(crate) enum LifespanCommand {
+    Startup(oneshot::Sender<Outcome>),
+    Shutdown(oneshot::Sender<Outcome>),
+}
+
+#[derive(Default)]
+struct LsState {
+    startup_delivered: bool,
+    shutdown_requested: bool,
+    shutdown_delivered: bool,
+    startup_tx: Option<oneshot::Sender<Outcome>>,
+    shutdown_tx: Option<oneshot::Sender<Outcome>>,
+    waiter: Option<Py<PyAny>>,
+    finished: bool,
+}
+
+/// `receive` and `send` for the lifespan scope.
+#[pyclass(frozen, module = "skirr._skirr")]
+pub(crate) struct LifespanProtocol {
+    ctx: Arc<AppContext>,
+    st: Mutex<LsState>,
+}
+
+fn event<'py>(py: Python<'py>, t: &Py<PyString>) -> PyResult<Bound<'py, PyAny>> {
+    let d = PyDict::new(py);
+    d.set_item(names(py).type_.bind(py), t.bind(py))?;
+    Ok(d.into_any())
+}
+
+impl LifespanProtocol {
+    fn report(st: &mut LsState, outcome: Outcome) {
+        if let Some(tx) = st.startup_tx.take() {
+            let _ = tx.send(outcome);
+        } else if let Some(tx) = st.shutdown_tx.take() {
+            let _ = tx.send(outcome);
+        }
+    }
+
+    pub(crate) fn on_return(&self, _py: Python<'_>) {
+        let mut st = self.st.lock();
+        st.finished = true;
+        Self::report(&mut st, Outcome::Returned);
+    }
+
+    pub(crate) fn on_error(&self, py: Python<'_>, err: PyErr) {
+        let mut st = self.st.lock();
+        st.finished = true;
+        if st.startup_tx.is_some() {
+            if self.ctx.shared.config.lifespan == LifespanMode::On {
+                self.ctx
+                    .log_error(py, "Exception in 'lifespan' protocol", Some(&err));
+            } else {
+                self.ctx
+                    .log(py, 20, "ASGI 'lifespan' protocol appears unsupported.");
+            }
+            Self::report(&mut st, Outcome::Unsupported(err.to_string()));
+        } else {
+            self.ctx
+                .log_error(py, "Exception in 'lifespan' protocol", Some(&err));
+            Self::report(&mut st, Outcome::Failed(err.to_string()));
+        }
+    }
+}
+
+#[pymethods]
+impl LifespanProtocol {
+    /// `lifespan.startup`, then (once the server stops) `lifespan.shutdown`.
+    fn receive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let n = names(py);
+        let mut st = self.st.lock();
+        if !st.startup_delivered {
+            st.startup_delivered = true;
+            return ready(py, event(py, &n.lifespan_startup)?);
+        }
+        if st.shutdown_requested && !st.shutdown_delivered {
+            st.shutdown_delivered = true;
+            return ready(py, event(py, &n.lifespan_shutdown)?);
+        }
+        let fut = self.ctx.create_future(py)?;
+        st.waiter = Some(fut.clone().unbind());
+        Ok(fut)
+    }
+
+    /// `lifespan.{startup,shutdown}.{complete,failed}`.
+    ///
+    /// Raises `TypeError` for a malformed message and `RuntimeError` for a
+    /// message type that is not a lifespan event.
+    fn send<'py>(&self, py: Python<'py>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let n = names(py);
+        let (d, t) = message_type(message)?;
+        let text = || -> PyResult<String> {
+            Ok(match d.get_item(n.message.bind(py))? {
+                Some(m) => m.str()?.to_string(),
+                None => String::new(),
+            })
+        };
+        let mut st = self.st.lock();
+        if is(&t, &n.lifespan_startup_complete) {
+            if let Some(tx) = st.startup_tx.take() {
+                let _ = tx.send(Outcome::Complete);
+            }
+        } else if is(&t, &n.lifespan_startup_failed) {
+            let msg = text()?;
+            if let Some(tx) = st.startup_tx.take() {
+                let _ = tx.send(Outcome::Failed(msg));
+            }
+        } else if is(&t, &n.lifespan_shutdown_complete) {
+            if let Some(tx) = st.shutdown_tx.take() {
+                let _ = tx.send(Outcome::Complete);
+            }
+        } else if is(&t, &n.lifespan_shutdown_failed) {
+            let msg = text()?;
+            if let Some(tx) = st.shutdown_tx.take() {
+                let _ = tx.send(Outcome::Failed(msg));
+            }
+        } else {
+            return Err(PyRuntimeError::new_err(format!(
+                "unexpected ASGI message type {:?} in the lifespan protocol",
+                t.to_string_lossy()
+            )));
+        }
+        done(py)
+    }
+}
+
+/// Handles a lifespan command on the asyncio thread.
+pub(crate) fn handle(py: Python<'_>, ctx: &Arc<AppContext>, slot: &Mutex<Option<Py<LifespanProtocol>>>, cmd: LifespanCommand) {
+    match cmd {
+        LifespanCommand::Startup(tx) => {
+            let proto = LifespanProtocol {
+                ctx: Arc::clone(ctx),
+                st: Mutex::new(LsState {
+                    startup_tx: Some(tx),
+                    ..LsState::default()
+                }),
+            };
+            let run = || -> PyResult<Py<LifespanProtocol>> {
+                let proto = Py::new(py, proto)?;
+                let n = names(py);
+                let scope = PyDict::new(py);
+                scope.set_item(n.type_.bind(py), n.lifespan.bind(py))?;
+                scope.set_item(n.asgi.bind(py), ctx.asgi_lifespan.bind(py))?;
+                scope.set_item(n.state.bind(py), ctx.state.bind(py))?;
+                let b = proto.bind(py);
+                let receive = b.getattr(pyo3::intern!(py, "receive"))?;
+                let send = b.getattr(pyo3::intern!(py, "send"))?;
+                match call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send]) {
+                    Ok(coro) => {
+                        let call = Bound::new(
+                            py,
+                            AppCall::new(coro.unbind(), Owner::Lifespan(proto.clone_ref(py))),
+                        )?;
+                        ctx.spawn(py, call.into_any())?;
+                    }
+                    Err(e) => proto.get().on_error(py, e),
+                }
+                Ok(proto)
+            };
+            match run() {
+                Ok(p) => *slot.lock() = Some(p),
+                Err(e) => ctx.log_error(py, "could not start the lifespan protocol", Some(&e)),
+            }
+        }
+        LifespanCommand::Shutdown(tx) => {
+            let proto = slot.lock().take();
+            let Some(proto) = proto else {
+                let _ = tx.send(Outcome::Returned);
+                return;
+            };
+            let p = proto.get();
+            let mut st = p.st.lock();
+            if st.finished {
+                let _ = tx.send(Outcome::Returned);
+                return;
+            }
+            st.shutdown_tx = Some(tx);
+            st.shutdown_requested = true;
+            if let Some(w) = st.waiter.take() {
+                st.shutdown_delivered = true;
+                drop(st);
+                if let Ok(msg) = event(py, &names(py).lifespan_shutdown) {
+                    resolve(py, w.bind(py), msg);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `lifespan.startup`. `Ok(true)` if the app completed it, `Ok(false)`
+/// if it does not use lifespan (auto mode), `Err(message)` if startup
+/// failed, timed out, or is unsupported in `on` mode.
+pub(crate) async fn startup(shared: &Shared) -> Result<bool, String> {
+    let cfg = &shared.config;
+    if cfg.lifespan == LifespanMode::Off {
+        return Ok(false);
+    }
+    let (tx, rx) = oneshot::channel();
+    shared.queue.push(Event::Lifespan(LifespanCommand::Startup(tx)));
+    match tokio::time::timeout(cfg.lifespan_timeout, rx).await {
+        Err(_) => Err(format!(
+            "lifespan startup did not complete within {:?}",
+            cfg.lifespan_timeout
+        )),
+        Ok(Err(_)) => Err("the lifespan protocol could not be started".into()),
+        Ok(Ok(Outcome::Complete)) => Ok(true),
+        Ok(Ok(Outcome::Returned)) => Ok(false),
+        Ok(Ok(Outcome::Unsupported(e))) if cfg.lifespan == LifespanMode::On => Err(format!(
+            "the application does not support the lifespan protocol (lifespan=on): {e}"
+        )),
+        Ok(Ok(Outcome::Unsupported(_))) => Ok(false),
+        Ok(Ok(Outcome::Failed(msg))) => Err(if msg.is_empty() {
+            "the application reported lifespan.startup.failed".into()
+        } else {
+            msg
+        }),
+    }
+}
+
+/// Runs `lifespan.shutdown`, bounded by `lifespan_timeout`; logs failures.
+pub(crate) async fn shutdown(shared: &Shared) {
+    let (tx, rx) = oneshot::channel();
+    shared.queue.push(Event::Lifespan(LifespanCommand::Shutdown(tx)));
+    match tokio::time::timeout(shared.config.lifespan_timeout, rx).await {
+        Err(_) => tracing::warn!(
+            "lifespan shutdown did not complete within {:?}",
+            shared.config.lifespan_timeout
+        ),
+        Ok(Ok(Outcome::Failed(msg))) => tracing::error!("lifespan shutdown failed: {msg}"),
+        _ => {}
+    }
+}

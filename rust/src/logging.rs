@@ -1,0 +1,116 @@
+//! Rust log lines go through Python's `logging`, never raw stderr.
+//!
+//! A minimal `tracing` subscriber formats each enabled event into a
+//! [`LogRecord`] and queues it for the asyncio thread, which hands it to the
+//! server's error logger (Gunicorn's under Gunicorn, `skirr.error`
+//! standalone), so its handlers, formatters and files apply. The level
+//! threshold is read from that logger when the server starts, and disabled
+//! levels cost one atomic load.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Once};
+
+use parking_lot::RwLock;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
+use tracing::{Event, Level, Metadata, Subscriber};
+
+use crate::server::Shared;
+
+/// One log line for Python's `logging`.
+pub(crate) struct LogRecord {
+    /// A `logging` level: 10 DEBUG, 20 INFO, 30 WARNING, 40 ERROR.
+    pub(crate) level: u8,
+    pub(crate) message: String,
+}
+
+static SINK: RwLock<Option<Arc<Shared>>> = RwLock::new(None);
+/// Python level threshold; events below it are disabled.
+static THRESHOLD: AtomicU8 = AtomicU8::new(30);
+
+fn py_level(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 40,
+        Level::WARN => 30,
+        Level::INFO => 20,
+        Level::DEBUG => 10,
+        Level::TRACE => 5,
+    }
+}
+
+struct Message<'a>(&'a mut String);
+
+impl Visit for Message<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.0.push_str(value);
+        } else {
+            let _ = write!(self.0, " {}={value}", field.name());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}
+
+struct PyLogSubscriber;
+
+impl Subscriber for PyLogSubscriber {
+    fn register_callsite(&self, _: &'static Metadata<'static>) -> Interest {
+        // The threshold can change at run time: ask `enabled` every time.
+        Interest::sometimes()
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        py_level(metadata.level()) >= THRESHOLD.load(Ordering::Relaxed)
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        let record = LogRecord {
+            level: py_level(event.metadata().level()),
+            message,
+        };
+        if let Some(shared) = SINK.read().as_ref() {
+            shared.queue.push_log(record);
+        } else {
+            eprintln!("skirr: {}", record.message);
+        }
+    }
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
+
+/// Routes this process's Rust log lines to `shared`'s queue, at or above
+/// the given `logging` level.
+pub(crate) fn install(shared: &Arc<Shared>, threshold: u8) {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(PyLogSubscriber);
+    });
+    THRESHOLD.store(threshold, Ordering::Relaxed);
+    *SINK.write() = Some(Arc::clone(shared));
+}
+
+/// Stops routing log lines to the queue (the asyncio loop is stopping).
+pub(crate) fn uninstall() {
+    *SINK.write() = None;
+}

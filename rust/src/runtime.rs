@@ -1,0 +1,34 @@
+//! The per-worker Tokio runtime, built after fork (in `Server.serve`) and
+//! never in Gunicorn's master.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::{Builder, Runtime};
+
+use crate::server::listen::StdListener;
+use crate::server::run::{self, RunError};
+use crate::server::Shared;
+
+/// A current-thread runtime for one thread (it runs on the caller's thread:
+/// no extra thread, no cross-thread task stealing), else a multi-thread one.
+fn build(threads: usize) -> io::Result<Runtime> {
+    if threads <= 1 {
+        Builder::new_current_thread().enable_all().build()
+    } else {
+        Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("skirr-tokio")
+            .enable_all()
+            .build()
+    }
+}
+
+/// Builds the runtime and serves until the server stops.
+pub(crate) fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+    let rt = build(shared.config.tokio_threads)?;
+    let res = rt.block_on(run::run(shared, listeners));
+    rt.shutdown_timeout(Duration::from_millis(100));
+    res
+}

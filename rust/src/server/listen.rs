@@ -1,0 +1,160 @@
+//! Listening sockets and the accept loop.
+//!
+//! Sockets are created by Gunicorn's master (or by `python -m skirr`) and
+//! inherited; Skirr duplicates their descriptors and accepts on them.
+
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::http::conn::{self, ListenerInfo, LocalAddr};
+use crate::server::Shared;
+
+/// A listening socket before the runtime exists.
+pub(crate) enum StdListener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+impl StdListener {
+    /// Wraps a duplicate of `fd`. `kind` is `"tcp"` or `"unix"`.
+    ///
+    /// Errors: `dup(2)` failures, an unknown `kind`, or a socket that is
+    /// not listening.
+    pub(crate) fn from_fd(fd: RawFd, kind: &str) -> io::Result<Self> {
+        let dup = nix::unistd::dup(
+            // SAFETY: `fd` is a descriptor the caller keeps open for the
+            // duration of this call; we only duplicate it.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        )?;
+        let owned: OwnedFd = dup;
+        let l = match kind {
+            "tcp" => StdListener::Tcp(std::net::TcpListener::from(owned)),
+            "unix" => StdListener::Unix(std::os::unix::net::UnixListener::from(owned)),
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("unknown listener kind {other:?} (expected 'tcp' or 'unix')"),
+                ))
+            }
+        };
+        match &l {
+            StdListener::Tcp(t) => t.set_nonblocking(true)?,
+            StdListener::Unix(u) => u.set_nonblocking(true)?,
+        }
+        Ok(l)
+    }
+
+    fn local(&self) -> io::Result<LocalAddr> {
+        Ok(match self {
+            StdListener::Tcp(t) => LocalAddr::Tcp(t.local_addr()?),
+            StdListener::Unix(u) => LocalAddr::Unix(
+                u.local_addr()?
+                    .as_pathname()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+            ),
+        })
+    }
+}
+
+/// Tokens that end connections: `drain` gracefully, `abort` at once.
+#[derive(Clone)]
+pub(crate) struct ConnControl {
+    pub(crate) tracker: TaskTracker,
+    pub(crate) drain: CancellationToken,
+    pub(crate) abort: CancellationToken,
+    pub(crate) limit: Option<Arc<Semaphore>>,
+}
+
+fn is_fd_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+    )
+}
+
+/// Accepts connections until `stop` is cancelled.
+///
+/// With a connection limit, accepting waits for a free slot, so excess
+/// clients wait in the kernel backlog. When descriptors run out, accepting
+/// pauses (logged once per episode); existing connections are unaffected.
+pub(crate) async fn accept_loop(
+    listener: StdListener,
+    shared: Arc<Shared>,
+    control: ConnControl,
+    stop: CancellationToken,
+) -> io::Result<()> {
+    let info = Arc::new(ListenerInfo {
+        local: listener.local()?,
+        py_server: OnceLock::new(),
+    });
+    enum L {
+        Tcp(TcpListener),
+        Unix(UnixListener),
+    }
+    let l = match listener {
+        StdListener::Tcp(t) => L::Tcp(TcpListener::from_std(t)?),
+        StdListener::Unix(u) => L::Unix(UnixListener::from_std(u)?),
+    };
+    let mut exhausted = false;
+    loop {
+        let permit = match &control.limit {
+            Some(sem) => tokio::select! {
+                p = Arc::clone(sem).acquire_owned() => match p {
+                    Ok(p) => Some(p),
+                    Err(_) => return Ok(()),
+                },
+                _ = stop.cancelled() => return Ok(()),
+            },
+            None => None,
+        };
+        let res = match &l {
+            L::Tcp(t) => tokio::select! {
+                r = t.accept() => r.map(|(s, peer)| {
+                    let _ = s.set_nodelay(true);
+                    let (shared, info, c) = (Arc::clone(&shared), Arc::clone(&info), control.clone());
+                    control.tracker.spawn(async move {
+                        conn::serve(s, shared, info, Some(peer), c.drain, c.abort).await;
+                        drop(permit);
+                    });
+                }),
+                _ = stop.cancelled() => return Ok(()),
+            },
+            L::Unix(u) => tokio::select! {
+                r = u.accept() => r.map(|(s, _)| {
+                    let (shared, info, c) = (Arc::clone(&shared), Arc::clone(&info), control.clone());
+                    control.tracker.spawn(async move {
+                        conn::serve(s, shared, info, None, c.drain, c.abort).await;
+                        drop(permit);
+                    });
+                }),
+                _ = stop.cancelled() => return Ok(()),
+            },
+        };
+        match res {
+            Ok(()) => exhausted = false,
+            Err(e) if is_fd_exhaustion(&e) => {
+                if !exhausted {
+                    tracing::error!(
+                        "accept failed: {e}; pausing accepts until descriptors free up \
+                         (existing connections keep being served)"
+                    );
+                    exhausted = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = stop.cancelled() => return Ok(()),
+                }
+            }
+            // ECONNABORTED and friends concern one client only.
+            Err(e) => tracing::debug!("accept failed: {e}"),
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! The server: shared state, the Python-facing [`Server`] object, and the
+//! orchestration of a worker's life (see [`run`]).
+
+pub(crate) mod listen;
+pub(crate) mod run;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioTimer;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::sync::watch;
+
+use crate::bridge::context::{AppContext, PyParts};
+use crate::bridge::queue::{Event, PyQueue};
+use crate::bridge::wake::Wakeups;
+use crate::config::Config;
+use crate::errors::StartupFailed;
+use crate::lifespan::{self, LifespanProtocol};
+use crate::logging;
+
+/// Why the server stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Stop accepting, finish in-flight requests (up to the graceful
+    /// timeout), run lifespan shutdown.
+    Graceful(&'static str),
+    /// Close every connection now.
+    Quick(&'static str),
+}
+
+/// State shared by every Tokio task of a worker and by the asyncio thread.
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) queue: PyQueue,
+    pub(crate) wakeups: Arc<Wakeups>,
+    /// hyper's HTTP/1 connection builder, configured once.
+    pub(crate) http1: http1::Builder,
+    dispatched: AtomicU64,
+    stop: watch::Sender<Option<Stop>>,
+}
+
+impl Shared {
+    fn new(config: Config) -> std::io::Result<Self> {
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new())
+            // Skirr runs its own idle and head-read timers (see http::conn).
+            .header_read_timeout(None)
+            .keep_alive(true);
+        Ok(Self {
+            config,
+            queue: PyQueue::new()?,
+            wakeups: Arc::new(Wakeups::default()),
+            http1: h1,
+            dispatched: AtomicU64::new(0),
+            stop: watch::channel(None).0,
+        })
+    }
+
+    /// Counts a request handed to the app; at `max_requests` the worker
+    /// stops gracefully so the master re-forks it.
+    pub(crate) fn count_request(&self) {
+        let n = self.dispatched.fetch_add(1, Ordering::Relaxed) + 1;
+        if n == self.config.max_requests {
+            tracing::info!("Autorestarting worker after current request ({n} requests served).");
+            self.request_stop(Stop::Graceful("max requests"));
+        }
+    }
+
+    /// Asks the server to stop; a quick stop overrides a graceful one.
+    pub(crate) fn request_stop(&self, stop: Stop) {
+        self.stop.send_modify(|cur| match (*cur, stop) {
+            (None, s) | (Some(Stop::Graceful(_)), s @ Stop::Quick(_)) => *cur = Some(s),
+            _ => {}
+        });
+    }
+
+    pub(crate) fn stop_rx(&self) -> watch::Receiver<Option<Stop>> {
+        self.stop.subscribe()
+    }
+}
+
+/// A Skirr server for one worker process.
+///
+/// Python creates it with the app and the asyncio loop, registers
+/// [`Server::drain`] as the loop's reader for [`Server::event_fd`], starts
+/// the loop in its own thread, then calls [`Server::serve`] on the main
+/// thread, which blocks (without the GIL) until the server stops.
+#[pyclass(frozen, module = "skirr._skirr")]
+pub struct Server {
+    shared: Arc<Shared>,
+    ctx: Arc<AppContext>,
+    scratch: Mutex<Vec<Event>>,
+    lifespan: Mutex<Option<Py<LifespanProtocol>>>,
+    log_threshold: u8,
+}
+
+#[pymethods]
+impl Server {
+    /// Creates the server.
+    ///
+    /// * `app`: an ASGI 3 callable.
+    /// * `event_loop`: the asyncio loop that will run the app.
+    /// * `config`: a dict of options (see `skirr.config`).
+    /// * `error_logger`: a `logging.Logger` for errors and Rust's log lines.
+    /// * `access_logger`: `access(scope, status, headers, size, seconds)`
+    ///   called once per response, or `None`.
+    /// * `reopen_logs`: called on SIGUSR1, or `None`.
+    ///
+    /// Raises `ValueError`/`TypeError` for a bad option, `OSError` if the
+    /// eventfd cannot be created.
+    #[new]
+    #[pyo3(signature = (app, event_loop, config, error_logger, access_logger=None, reopen_logs=None))]
+    fn new(
+        py: Python<'_>,
+        app: Py<PyAny>,
+        event_loop: Py<PyAny>,
+        config: &Bound<'_, PyDict>,
+        error_logger: Py<PyAny>,
+        access_logger: Option<Py<PyAny>>,
+        reopen_logs: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let config = Config::from_dict(config)?;
+        let shared = Arc::new(Shared::new(config)?);
+        let log_threshold: u8 = error_logger
+            .bind(py)
+            .call_method0("getEffectiveLevel")?
+            .extract::<i64>()?
+            .clamp(0, 255) as u8;
+        let ctx = AppContext::new(
+            py,
+            Arc::clone(&shared),
+            PyParts {
+                app,
+                event_loop,
+                error_log: error_logger,
+                access_log: access_logger,
+                reopen_logs,
+            },
+        )?;
+        Ok(Self {
+            shared,
+            ctx: Arc::new(ctx),
+            scratch: Mutex::new(Vec::with_capacity(256)),
+            lifespan: Mutex::new(None),
+            log_threshold,
+        })
+    }
+
+    /// The eventfd the asyncio loop must watch (`loop.add_reader`).
+    #[getter]
+    fn event_fd(&self) -> i32 {
+        self.shared.queue.fd()
+    }
+
+    /// Requests handed to the application so far.
+    #[getter]
+    fn requests(&self) -> u64 {
+        self.shared.dispatched.load(Ordering::Relaxed)
+    }
+
+    /// The lifespan state dict (`scope["state"]` is a copy of it).
+    #[getter]
+    fn state(&self, py: Python<'_>) -> Py<PyDict> {
+        self.ctx.state.clone_ref(py)
+    }
+
+    /// Handles every queued event. The loop's reader callback; never raises.
+    fn drain(&self, py: Python<'_>) {
+        let mut events = std::mem::take(&mut *self.scratch.lock());
+        self.shared.queue.take_into(&mut events);
+        {
+            let _defer = self.shared.wakeups.defer();
+            for event in events.drain(..) {
+                match event {
+                    Event::Http(req) => crate::http::start(py, &self.ctx, req),
+                    Event::Wake(exch) => {
+                        exch.unqueue();
+                        crate::http::wake(py, &self.ctx, &exch);
+                    }
+                    Event::Lifespan(cmd) => lifespan::handle(py, &self.ctx, &self.lifespan, cmd),
+                    Event::Log(record) => {
+                        self.shared.queue.log_taken();
+                        self.ctx.log(py, record.level, &record.message);
+                    }
+                    Event::ReopenLogs => {
+                        if let Some(f) = &self.ctx.reopen_logs {
+                            if let Err(e) = f.bind(py).call0() {
+                                self.ctx.log_error(py, "reopening log files failed", Some(&e));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let dropped = self.shared.queue.take_dropped_logs();
+        if dropped > 0 {
+            self.ctx
+                .log(py, 30, &format!("{dropped} log lines were dropped (logging fell behind)"));
+        }
+        *self.scratch.lock() = events;
+    }
+
+    /// Serves on the given listening sockets until the server stops.
+    ///
+    /// `listeners`: `[(fd, kind)]` with `kind` `"tcp"` or `"unix"`; the fds
+    /// are duplicated, the caller keeps its own. Blocks without the GIL.
+    ///
+    /// Raises `StartupFailed` if lifespan startup fails (the worker should
+    /// exit with Gunicorn's boot-error code 3), `OSError` for a bad socket.
+    fn serve(&self, py: Python<'_>, listeners: Vec<(i32, String)>) -> PyResult<()> {
+        let listeners = listeners
+            .into_iter()
+            .map(|(fd, kind)| listen::StdListener::from_fd(fd, &kind))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        logging::install(&self.shared, self.log_threshold);
+        let shared = Arc::clone(&self.shared);
+        let res = py.detach(move || crate::runtime::run(shared, listeners));
+        logging::uninstall();
+        match res {
+            Ok(()) => Ok(()),
+            Err(run::RunError::Startup(msg)) => Err(StartupFailed::new_err(msg)),
+            Err(run::RunError::Io(e)) => Err(e.into()),
+        }
+    }
+
+    /// Asks a running server to stop: gracefully, or at once if `quick`.
+    #[pyo3(signature = (quick=false))]
+    fn stop(&self, quick: bool) {
+        self.shared.request_stop(if quick {
+            Stop::Quick("requested")
+        } else {
+            Stop::Graceful("requested")
+        });
+    }
+}

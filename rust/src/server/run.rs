@@ -1,0 +1,176 @@
+//! A worker's life, in order: signals → lifespan startup → accept → stop
+//! signal → stop accepting → drain in-flight requests (bounded by the
+//! graceful timeout) → lifespan shutdown → return.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::bridge::queue::Event;
+use crate::lifespan;
+use crate::server::listen::{accept_loop, ConnControl, StdListener};
+use crate::server::{Shared, Stop};
+
+/// Why serving ended in error.
+#[derive(Debug)]
+pub(crate) enum RunError {
+    /// Lifespan startup failed: the app's message.
+    Startup(String),
+    Io(io::Error),
+}
+
+impl From<io::Error> for RunError {
+    fn from(e: io::Error) -> Self {
+        RunError::Io(e)
+    }
+}
+
+/// How often the parent pid is checked (an orphan exits within a second).
+const PARENT_CHECK: Duration = Duration::from_millis(250);
+/// After an abort, how long connection tasks get to unwind.
+const ABORT_GRACE: Duration = Duration::from_millis(500);
+
+async fn next_stop(rx: &mut watch::Receiver<Option<Stop>>) -> Stop {
+    loop {
+        if let Some(s) = *rx.borrow_and_update() {
+            return s;
+        }
+        if rx.changed().await.is_err() {
+            return Stop::Quick("stop channel closed");
+        }
+    }
+}
+
+async fn next_quick(rx: &mut watch::Receiver<Option<Stop>>) {
+    loop {
+        if let Some(Stop::Quick(_)) = *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Registers the worker's signals. SIGTERM: graceful. SIGINT: graceful
+/// standalone (a second one is quick), quick under Gunicorn. SIGQUIT:
+/// quick. SIGUSR1: reopen log files.
+fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut quit = signal(SignalKind::quit())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    tokio::spawn(async move {
+        let mut interrupted = false;
+        loop {
+            tokio::select! {
+                Some(()) = term.recv() => shared.request_stop(Stop::Graceful("SIGTERM")),
+                Some(()) = int.recv() => {
+                    if shared.config.sigint_graceful && !interrupted {
+                        interrupted = true;
+                        shared.request_stop(Stop::Graceful("SIGINT"));
+                    } else {
+                        shared.request_stop(Stop::Quick("SIGINT"));
+                    }
+                }
+                Some(()) = quit.recv() => shared.request_stop(Stop::Quick("SIGQUIT")),
+                Some(()) = usr1.recv() => shared.queue.push(Event::ReopenLogs),
+                else => break,
+            }
+        }
+    });
+    Ok(())
+}
+
+fn watch_parent(shared: Arc<Shared>, ppid: u32) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PARENT_CHECK);
+        loop {
+            tick.tick().await;
+            if nix::unistd::getppid().as_raw() as u32 != ppid {
+                tracing::warn!("Parent changed, shutting down");
+                shared.request_stop(Stop::Quick("parent died"));
+                return;
+            }
+        }
+    });
+}
+
+/// Serves until a stop is requested; see the module docs.
+pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+    tokio::spawn(Arc::clone(&shared.wakeups).dispatch());
+    watch_signals(Arc::clone(&shared))?;
+    if let Some(ppid) = shared.config.parent_pid {
+        watch_parent(Arc::clone(&shared), ppid);
+    }
+    let mut stop_rx = shared.stop_rx();
+
+    let lifespan_running = tokio::select! {
+        r = lifespan::startup(&shared) => r.map_err(RunError::Startup)?,
+        s = next_stop(&mut stop_rx) => {
+            tracing::info!("stopped during startup ({s:?})");
+            return Ok(());
+        }
+    };
+
+    let cfg = &shared.config;
+    let control = ConnControl {
+        tracker: TaskTracker::new(),
+        drain: CancellationToken::new(),
+        abort: CancellationToken::new(),
+        limit: (cfg.max_connections > 0).then(|| Arc::new(Semaphore::new(cfg.max_connections))),
+    };
+    let stop_accept = CancellationToken::new();
+    let mut acceptors = Vec::new();
+    for l in listeners {
+        acceptors.push(tokio::spawn(accept_loop(
+            l,
+            Arc::clone(&shared),
+            control.clone(),
+            stop_accept.clone(),
+        )));
+    }
+
+    let stop = next_stop(&mut stop_rx).await;
+    tracing::debug!("stopping: {stop:?}");
+    stop_accept.cancel();
+    for a in acceptors {
+        match a.await {
+            Ok(Err(e)) => tracing::error!("listener failed: {e}"),
+            Err(e) => tracing::error!("accept task failed: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
+    control.tracker.close();
+
+    let quick = match stop {
+        Stop::Quick(_) => true,
+        Stop::Graceful(_) => {
+            control.drain.cancel();
+            tokio::select! {
+                _ = control.tracker.wait() => false,
+                _ = tokio::time::sleep(cfg.graceful_timeout) => {
+                    tracing::warn!(
+                        "graceful timeout ({:?}) reached: closing {} connection(s)",
+                        cfg.graceful_timeout,
+                        control.tracker.len()
+                    );
+                    false
+                }
+                _ = next_quick(&mut stop_rx) => true,
+            }
+        }
+    };
+    control.abort.cancel();
+    let _ = tokio::time::timeout(ABORT_GRACE, control.tracker.wait()).await;
+
+    if lifespan_running && !quick {
+        lifespan::shutdown(&shared).await;
+    }
+    Ok(())
+}
