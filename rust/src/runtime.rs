@@ -13,9 +13,17 @@ use crate::server::Shared;
 
 /// A current-thread runtime for one thread (it runs on the caller's thread:
 /// no extra thread, no cross-thread task stealing), else a multi-thread one.
-fn build(threads: usize) -> io::Result<Runtime> {
+///
+/// With one thread, events for the asyncio thread are announced when the
+/// runtime parks: every request read in one tick travels in one batch.
+fn build(shared: &Arc<Shared>) -> io::Result<Runtime> {
+    let threads = shared.config.tokio_threads;
     if threads <= 1 {
-        Builder::new_current_thread().enable_all().build()
+        let s = Arc::clone(shared);
+        Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(move || s.queue.flush())
+            .build()
     } else {
         Builder::new_multi_thread()
             .worker_threads(threads)
@@ -27,7 +35,7 @@ fn build(threads: usize) -> io::Result<Runtime> {
 
 /// Builds the runtime and serves until the server stops.
 pub(crate) fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
-    let rt = build(shared.config.tokio_threads)?;
+    let rt = build(&shared)?;
     let res = rt.block_on(run::run(shared, listeners));
     rt.shutdown_timeout(Duration::from_millis(100));
     res

@@ -22,6 +22,10 @@ use crate::logging::LogRecord;
 /// counted and reported in one line once the queue drains.
 const MAX_PENDING_LOGS: usize = 1024;
 
+/// In batching mode, a queue this long is announced at once instead of at
+/// the runtime's next park: it bounds the wait of the first event.
+const FLUSH_AT: usize = 64;
+
 /// Work for the asyncio thread.
 pub(crate) enum Event {
     /// A new HTTP request: build its scope and start the application.
@@ -44,6 +48,10 @@ pub(crate) struct PyQueue {
     /// that first push pays for the eventfd write.
     notified: AtomicBool,
     efd: EventFd,
+    /// Announce events when the Tokio thread is about to park (see
+    /// [`PyQueue::flush`]) rather than on every push, so one wakeup of the
+    /// asyncio thread carries every request that arrived in one tick.
+    batching: bool,
     pending_logs: AtomicUsize,
     dropped_logs: AtomicUsize,
 }
@@ -52,12 +60,13 @@ impl PyQueue {
     /// Creates the queue and its non-blocking eventfd.
     ///
     /// Errors: the `eventfd(2)` failure (e.g. `EMFILE`).
-    pub(crate) fn new() -> std::io::Result<Self> {
+    pub(crate) fn new(batching: bool) -> std::io::Result<Self> {
         let efd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         Ok(Self {
             events: Mutex::new(Vec::with_capacity(256)),
             notified: AtomicBool::new(false),
             efd,
+            batching,
             pending_logs: AtomicUsize::new(0),
             dropped_logs: AtomicUsize::new(0),
         })
@@ -68,9 +77,28 @@ impl PyQueue {
         self.efd.as_fd().as_raw_fd()
     }
 
-    /// Queues an event; wakes the asyncio thread if it was not already woken.
+    /// Queues an event. Without batching, wakes the asyncio thread at once
+    /// (if not already woken); with batching, only once the queue is long.
     pub(crate) fn push(&self, event: Event) {
-        self.events.lock().push(event);
+        let len = {
+            let mut q = self.events.lock();
+            q.push(event);
+            q.len()
+        };
+        if !self.batching || len >= FLUSH_AT {
+            self.notify();
+        }
+    }
+
+    /// Wakes the asyncio thread if events wait: called by the Tokio thread
+    /// just before it parks (`on_thread_park`), i.e. once per tick.
+    pub(crate) fn flush(&self) {
+        if !self.events.lock().is_empty() {
+            self.notify();
+        }
+    }
+
+    fn notify(&self) {
         if !self.notified.swap(true, Ordering::SeqCst) {
             // EAGAIN only if the counter would overflow, which needs 2^64
             // unread writes: the reader is already woken in that case.

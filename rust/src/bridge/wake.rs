@@ -1,22 +1,30 @@
 //! Python → Tokio wakeups, coalesced.
 //!
 //! Waking a Tokio task from a foreign thread costs a syscall (the runtime's
-//! driver is unparked). Instead, the asyncio thread pushes the `Waker` of the
-//! task that waits into [`Wakeups`]; only the first push after a dispatch
-//! notifies the single dispatcher task, which then wakes every pending task
-//! from inside the runtime, where a wake is a queue push.
+//! driver is unparked) and, on a busy core, a context switch. Instead, the
+//! asyncio thread pushes the `Waker` of the task that waits into
+//! [`Wakeups`], and the batch is handed over once:
+//!
+//! * inside the loop's reader callback (`Server.drain`), at its end;
+//! * elsewhere (an app that completes after awaiting), by a flush scheduled
+//!   with `loop.call_soon`, which runs after every callback already ready in
+//!   this loop iteration: one handover per iteration, however many
+//!   responses completed in it.
+//!
+//! The handover notifies a single dispatcher task, which wakes every pending
+//! task from inside the runtime, where a wake is a queue push.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::Waker;
 
 use parking_lot::Mutex;
+use pyo3::prelude::*;
 use tokio::sync::Notify;
 
 thread_local! {
-    /// Set while the asyncio thread handles a batch of events: wakes are
-    /// collected and flushed once when the batch ends.
+    /// Set while the asyncio thread handles a batch of events.
     static DEFERRED: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -27,15 +35,48 @@ thread_local! {
 #[derive(Default)]
 pub(crate) struct Wakeups {
     wakers: Mutex<Vec<Waker>>,
+    /// The dispatcher was notified and has not taken the batch yet.
     scheduled: AtomicBool,
     notify: Notify,
+    /// `(loop.call_soon, flusher)`: how a flush is scheduled on the loop.
+    call_soon: OnceLock<(Py<PyAny>, Py<PyAny>)>,
+    /// A flush is scheduled on the loop and has not run yet.
+    flush_pending: AtomicBool,
+}
+
+/// Calls [`Wakeups::flush`]; what `loop.call_soon` runs.
+#[pyclass(frozen, module = "skirr._skirr")]
+pub(crate) struct Flusher(Arc<Wakeups>);
+
+#[pymethods]
+impl Flusher {
+    fn __call__(&self) {
+        self.0.flush_pending.store(false, Ordering::Relaxed);
+        self.0.flush();
+    }
 }
 
 impl Wakeups {
-    /// Schedules `waker` to be woken by the dispatcher task.
+    /// Connects the wakeups to the asyncio loop that schedules flushes.
+    pub(crate) fn attach_loop(self: &Arc<Self>, py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> PyResult<()> {
+        let call_soon = event_loop.getattr("call_soon")?.unbind();
+        let flusher = Py::new(py, Flusher(Arc::clone(self)))?.into_any();
+        let _ = self.call_soon.set((call_soon, flusher));
+        Ok(())
+    }
+
+    /// Schedules `waker` to be woken by the dispatcher task. Called on the
+    /// asyncio thread only.
     pub(crate) fn wake(&self, waker: Waker) {
         self.wakers.lock().push(waker);
-        if !DEFERRED.with(Cell::get) {
+        if DEFERRED.with(Cell::get) || self.flush_pending.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let scheduled = self.call_soon.get().is_some_and(|(call_soon, flusher)| {
+            Python::attach(|py| call_soon.bind(py).call1((flusher.bind(py),)).is_ok())
+        });
+        if !scheduled {
+            self.flush_pending.store(false, Ordering::Relaxed);
             self.kick();
         }
     }
@@ -75,7 +116,7 @@ impl Wakeups {
     }
 }
 
-/// Restores immediate wakes and flushes what was deferred.
+/// Restores immediate scheduling and hands over what was deferred.
 pub(crate) struct DeferGuard {
     wakeups: Arc<Wakeups>,
     was: bool,

@@ -220,20 +220,25 @@ pub(crate) async fn serve<I>(
     let header = shared.config.header_read_timeout;
     let first = clock_ms() + header.min(keepalive).as_millis() as u64;
     let mut timer = pin!(tokio::time::sleep_until(deadline_at(first)));
+    // Created once: a `cancelled()` future re-created per wake would
+    // re-register with the token on every poll of this connection.
+    let mut drained = pin!(drain.cancelled());
+    let mut aborted = pin!(abort.cancelled());
     let mut draining = false;
     loop {
         tokio::select! {
+            biased;
             res = conn.as_mut() => {
                 if let Err(e) = res {
                     tracing::debug!("connection from {:?} ended: {e}", peer);
                 }
                 break;
             }
-            _ = drain.cancelled(), if !draining => {
+            _ = &mut aborted => break,
+            _ = &mut drained, if !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = abort.cancelled() => break,
             _ = &mut timer => match ctx.activity.check(keepalive, header) {
                 Ok(next) => timer.as_mut().reset(deadline_at(next)),
                 Err(reason) => {

@@ -49,7 +49,7 @@ struct ProtoState {
 pub(crate) struct HttpProtocol {
     exch: Arc<Exchange>,
     ctx: Arc<AppContext>,
-    received: Instant,
+    received: Option<Instant>,
     st: Mutex<ProtoState>,
 }
 
@@ -151,7 +151,7 @@ impl HttpProtocol {
     pub(crate) fn new(
         exch: Arc<Exchange>,
         ctx: Arc<AppContext>,
-        received: Instant,
+        received: Option<Instant>,
         scope: Option<Py<PyDict>>,
     ) -> Self {
         Self {
@@ -188,7 +188,7 @@ impl HttpProtocol {
                 .as_ref()
                 .map(|h| h.clone_ref(py))
                 .unwrap_or_else(|| py.None());
-            let secs = self.received.elapsed().as_secs_f64();
+            let secs = self.received.map_or(0.0, |r| r.elapsed().as_secs_f64());
             if let Err(e) = access
                 .bind(py)
                 .call1((scope.bind(py), st.status, headers, st.sent, secs))

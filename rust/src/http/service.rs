@@ -30,8 +30,9 @@ pub(crate) struct HttpRequest {
     pub(crate) parts: http::request::Parts,
     pub(crate) exch: Arc<Exchange>,
     pub(crate) conn: Arc<ConnCtx>,
-    /// When the head was parsed (for the access log's duration).
-    pub(crate) received: Instant,
+    /// When the head was parsed (for the access log's duration); only
+    /// read from the clock when access logging is on.
+    pub(crate) received: Option<Instant>,
 }
 
 /// Marks the exchange gone if the service future is dropped before the
@@ -122,7 +123,7 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
     conn: Arc<ConnCtx>,
 ) -> Result<Response<ResponseBody>, Infallible> {
-    let received = Instant::now();
+    let received = conn.shared.config.access_log.then(Instant::now);
     let busy = BusyGuard::new(&conn);
     let shared = &*conn.shared;
     shared.count_request();

@@ -50,9 +50,11 @@ impl Shared {
             // Skirr runs its own idle and head-read timers (see http::conn).
             .header_read_timeout(None)
             .keep_alive(true);
+        // One Tokio thread: announce events when it parks (see PyQueue).
+        let queue = PyQueue::new(config.tokio_threads <= 1)?;
         Ok(Self {
             config,
-            queue: PyQueue::new()?,
+            queue,
             wakeups: Arc::new(Wakeups::default()),
             http1: h1,
             dispatched: AtomicU64::new(0),
@@ -125,6 +127,7 @@ impl Server {
     ) -> PyResult<Self> {
         let config = Config::from_dict(config)?;
         let shared = Arc::new(Shared::new(config)?);
+        shared.wakeups.attach_loop(py, event_loop.bind(py))?;
         let log_threshold: u8 = error_logger
             .bind(py)
             .call_method0("getEffectiveLevel")?
