@@ -29,30 +29,22 @@ def import_app(spec: str, *, factory: bool = False, app_dir: str | None = ".") -
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name) or e.name == module_name:
             raise AppLoadError(f"cannot import module {module_name!r}: {e}") from None
-        raise AppLoadError(
-            f"importing {module_name!r} failed: {type(e).__name__}: {e}"
-        ) from None
+        raise AppLoadError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None
     except Exception as e:  # noqa: BLE001 - user code may raise anything
-        raise AppLoadError(
-            f"importing {module_name!r} failed: {type(e).__name__}: {e}"
-        ) from None
+        raise AppLoadError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise AppLoadError(
-                f"module {module_name!r} has no attribute {attr!r}"
-            ) from None
+            raise AppLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
     if factory:
         if not callable(obj):
             raise AppLoadError(f"factory {spec!r} is not callable")
         try:
             obj = obj()
         except Exception as e:  # noqa: BLE001
-            raise AppLoadError(
-                f"factory {spec!r} failed: {type(e).__name__}: {e}"
-            ) from None
+            raise AppLoadError(f"factory {spec!r} failed: {type(e).__name__}: {e}") from None
     if not callable(obj):
         raise AppLoadError(f"{spec!r} is not callable (got {type(obj).__name__})")
     return obj

@@ -38,22 +38,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uds", metavar="PATH", help="bind a Unix domain socket instead")
     p.add_argument("--fd", type=int, help="serve on an already listening socket fd")
     p.add_argument("--backlog", type=int, default=2048, help="listen backlog (default 2048)")
-    p.add_argument("--factory", action="store_true",
-                   help="APP is a factory: call it with no arguments to get the app")
-    p.add_argument("--app-dir", default=".",
-                   help="directory added to sys.path before importing APP (default .)")
-    p.add_argument("--log-level", default="info", choices=list(logs.LEVELS),
-                   help="error log level (default info)")
-    p.add_argument("--access-log", dest="access_log", action="store_true", default=True,
-                   help="log one line per response (default)")
+    p.add_argument("--factory", action="store_true", help="APP is a factory: call it with no arguments to get the app")
+    p.add_argument("--app-dir", default=".", help="directory added to sys.path before importing APP (default .)")
+    p.add_argument("--log-level", default="info", choices=list(logs.LEVELS), help="error log level (default info)")
+    p.add_argument(
+        "--access-log", dest="access_log", action="store_true", default=True, help="log one line per response (default)"
+    )
     p.add_argument("--no-access-log", dest="access_log", action="store_false")
-    p.add_argument("--timeout-keep-alive", dest="keepalive_timeout", type=float,
-                   help="alias of --keepalive-timeout (uvicorn's name)")
+    p.add_argument(
+        "--timeout-keep-alive",
+        dest="keepalive_timeout",
+        type=float,
+        help="alias of --keepalive-timeout (uvicorn's name)",
+    )
     p.add_argument("--version", action="version", version=f"skirr {__version__}")
     opts = p.add_argument_group("server options (each also set by SKIRR_<NAME>)")
     for o in config.OPTIONS:
-        opts.add_argument(o.flag, dest=o.name, default=None,
-                          help=f"{o.help} (default {o.default!r}; env {o.env})")
+        opts.add_argument(o.flag, dest=o.name, default=None, help=f"{o.help} (default {o.default!r}; env {o.env})")
     return p
 
 

@@ -63,8 +63,13 @@ def access_logger(log: logging.Logger):
         target = scope["path"] + ("?" + qs.decode("latin-1") if qs else "")
         log.info(
             '%s - "%s %s HTTP/%s" %d %d %.3fms',
-            client_str(scope), scope["method"], target, scope["http_version"],
-            status, size, seconds * 1000.0,
+            client_str(scope),
+            scope["method"],
+            target,
+            scope["http_version"],
+            status,
+            size,
+            seconds * 1000.0,
         )
 
     return access

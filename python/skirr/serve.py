@@ -109,6 +109,8 @@ def serve(
     try:
         server.serve(list(listeners))
     finally:
+        # One last drain delivers log lines the runtime queued as it stopped.
+        loop.call_soon_threadsafe(server.drain)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(LOOP_JOIN_TIMEOUT)
         if not thread.is_alive():

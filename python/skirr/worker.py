@@ -98,12 +98,8 @@ class RustWorker(Worker):
             return None
 
         def access(scope: dict, status: int, headers: Any, size: int, seconds: float) -> None:
-            req_headers = [
-                (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
-            ]
-            resp_headers = [
-                (bytes(k).decode("latin-1"), bytes(v).decode("latin-1")) for k, v in headers or ()
-            ]
+            req_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+            resp_headers = [(bytes(k).decode("latin-1"), bytes(v).decode("latin-1")) for k, v in headers or ()]
             log.access(
                 _AccessResponse(status, resp_headers, size),
                 _AccessRequest(req_headers),
@@ -120,13 +116,8 @@ class RustWorker(Worker):
             self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)
         app = as_asgi3(self.wsgi)
-        listeners = [
-            (s.sock.fileno(), "unix" if s.sock.family == socket.AF_UNIX else "tcp")
-            for s in self.sockets
-        ]
-        rust = config.rust_config(
-            values, parent_pid=self.ppid, sigint_graceful=False, access_log=True
-        )
+        listeners = [(s.sock.fileno(), "unix" if s.sock.family == socket.AF_UNIX else "tcp") for s in self.sockets]
+        rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True)
         interval = max(0.5, min(self.timeout / 2.0, 2.0))
         try:
             serve(

@@ -89,9 +89,9 @@ impl Default for Config {
 }
 
 fn secs(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Duration> {
-    let s: f64 = v.extract().map_err(|_| {
-        PyTypeError::new_err(format!("option {key:?} must be a number of seconds"))
-    })?;
+    let s: f64 = v
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("option {key:?} must be a number of seconds")))?;
     if !(0.0..=1e9).contains(&s) {
         return Err(PyValueError::new_err(format!(
             "option {key:?} must be between 0 and 1e9 seconds, got {s}"

@@ -26,7 +26,10 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<server::Server>()?;
-    m.add("ClientDisconnected", py.get_type::<errors::ClientDisconnected>())?;
+    m.add(
+        "ClientDisconnected",
+        py.get_type::<errors::ClientDisconnected>(),
+    )?;
     m.add("StartupFailed", py.get_type::<errors::StartupFailed>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -124,7 +124,11 @@ impl LifespanProtocol {
     ///
     /// Raises `TypeError` for a malformed message and `RuntimeError` for a
     /// message type that is not a lifespan event.
-    fn send<'py>(&self, py: Python<'py>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn send<'py>(
+        &self,
+        py: Python<'py>,
+        message: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let n = names(py);
         let (d, t) = message_type(message)?;
         let text = || -> PyResult<String> {
@@ -163,7 +167,12 @@ impl LifespanProtocol {
 }
 
 /// Handles a lifespan command on the asyncio thread.
-pub(crate) fn handle(py: Python<'_>, ctx: &Arc<AppContext>, slot: &Mutex<Option<Py<LifespanProtocol>>>, cmd: LifespanCommand) {
+pub(crate) fn handle(
+    py: Python<'_>,
+    ctx: &Arc<AppContext>,
+    slot: &Mutex<Option<Py<LifespanProtocol>>>,
+    cmd: LifespanCommand,
+) {
     match cmd {
         LifespanCommand::Startup(tx) => {
             let proto = LifespanProtocol {
@@ -234,7 +243,9 @@ pub(crate) async fn startup(shared: &Shared) -> Result<bool, String> {
         return Ok(false);
     }
     let (tx, rx) = oneshot::channel();
-    shared.queue.push(Event::Lifespan(LifespanCommand::Startup(tx)));
+    shared
+        .queue
+        .push(Event::Lifespan(LifespanCommand::Startup(tx)));
     match tokio::time::timeout(cfg.lifespan_timeout, rx).await {
         Err(_) => Err(format!(
             "lifespan startup did not complete within {:?}",
@@ -258,7 +269,9 @@ pub(crate) async fn startup(shared: &Shared) -> Result<bool, String> {
 /// Runs `lifespan.shutdown`, bounded by `lifespan_timeout`; logs failures.
 pub(crate) async fn shutdown(shared: &Shared) {
     let (tx, rx) = oneshot::channel();
-    shared.queue.push(Event::Lifespan(LifespanCommand::Shutdown(tx)));
+    shared
+        .queue
+        .push(Event::Lifespan(LifespanCommand::Shutdown(tx)));
     match tokio::time::timeout(shared.config.lifespan_timeout, rx).await {
         Err(_) => tracing::warn!(
             "lifespan shutdown did not complete within {:?}",

@@ -19,7 +19,12 @@ static BIG: [u8; 65536] = [b'x'; 65536];
 
 async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let body = if req.method() == Method::POST {
-        let n = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
+        let n = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes().len())
+            .unwrap_or(0);
         Bytes::from(n.to_string())
     } else if req.uri().path() == "/64k" {
         Bytes::from_static(&BIG)

@@ -44,7 +44,13 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<
             .headers
             .iter()
             .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-            .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
+            .and_then(|h| {
+                std::str::from_utf8(h.value)
+                    .ok()?
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            })
             .ok_or_else(|| std::io::Error::other("response without content-length"))?;
         let total = head_len + len;
         if buf.len() < total {
@@ -114,10 +120,9 @@ async fn main() {
     let total: u64 = args[5].parse().expect("REQUESTS must be an integer");
     let request = match args.get(6).map(|b| b.parse::<usize>().expect("POST_BYTES")) {
         Some(n) => {
-            let mut r = format!(
-                "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {n}\r\n\r\n"
-            )
-            .into_bytes();
+            let mut r =
+                format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {n}\r\n\r\n")
+                    .into_bytes();
             r.extend(std::iter::repeat_n(b'x', n));
             r
         }

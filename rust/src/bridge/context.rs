@@ -145,8 +145,11 @@ impl AppContext {
         let log = self.error_log.bind(py);
         let res = match err {
             Some(e) => {
+                // `(type, value, traceback)`: on 3.11 the value alone may
+                // not carry its traceback yet.
                 let kwargs = PyDict::new(py);
-                let _ = kwargs.set_item("exc_info", e.value(py));
+                let info = (e.get_type(py), e.value(py), e.traceback(py));
+                let _ = kwargs.set_item("exc_info", info);
                 log.call_method("error", (msg,), Some(&kwargs))
             }
             None => log.call_method1("error", (msg,)),

@@ -43,7 +43,6 @@ names! {
     extensions = "extensions",
     // scope values
     http = "http",
-    https = "https",
     lifespan = "lifespan",
     v1_0 = "1.0",
     v1_1 = "1.1",
@@ -69,7 +68,6 @@ names! {
     set_result = "set_result",
     set_exception = "set_exception",
     done = "done",
-    cancelled = "cancelled",
     // request methods (the common ones are shared, others are built per request)
     get = "GET",
     head = "HEAD",

@@ -138,3 +138,56 @@ impl PyQueue {
         std::mem::swap(&mut *self.events.lock(), out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(q: &PyQueue) -> bool {
+        // A non-blocking read succeeds only if the eventfd was written.
+        let mut buf = [0u8; 8];
+        nix::unistd::read(&q.efd, &mut buf).is_ok()
+    }
+
+    #[test]
+    fn unbatched_push_notifies_once_until_drained() {
+        let q = PyQueue::new(false).unwrap();
+        q.push(Event::ReopenLogs);
+        q.push(Event::ReopenLogs);
+        assert!(pending(&q));
+        assert!(
+            !pending(&q),
+            "the second push must not write the eventfd again"
+        );
+        let mut out = Vec::new();
+        q.take_into(&mut out);
+        assert_eq!(out.len(), 2);
+        q.push(Event::ReopenLogs);
+        assert!(pending(&q), "after a drain the next push notifies again");
+    }
+
+    #[test]
+    fn batched_push_waits_for_flush_or_threshold() {
+        let q = PyQueue::new(true).unwrap();
+        q.push(Event::ReopenLogs);
+        assert!(!pending(&q), "batched: no wakeup per push");
+        q.flush();
+        assert!(pending(&q), "flush (runtime park) announces the batch");
+        let mut out = Vec::new();
+        q.take_into(&mut out);
+        for _ in 0..FLUSH_AT {
+            q.push(Event::ReopenLogs);
+        }
+        assert!(
+            pending(&q),
+            "a long queue is announced without waiting for a park"
+        );
+    }
+
+    #[test]
+    fn flush_of_an_empty_queue_does_nothing() {
+        let q = PyQueue::new(true).unwrap();
+        q.flush();
+        assert!(!pending(&q));
+    }
+}

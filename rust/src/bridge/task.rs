@@ -53,6 +53,15 @@ impl Owner {
             Owner::Lifespan(p) => p.get().on_error(py, err),
         }
     }
+
+    /// The task was cancelled (at shutdown, or by the app itself): not an
+    /// application error, so no traceback at ERROR level.
+    fn on_cancel(&self, py: Python<'_>) {
+        match self {
+            Owner::Http(p) => p.get().on_cancel(py),
+            Owner::Lifespan(p) => p.get().on_return(py),
+        }
+    }
 }
 
 /// A coroutine wrapper that reports the app's completion to its owner.
@@ -112,7 +121,7 @@ impl AppCall {
                 let cancelled = err.is_instance(py, cancelled_error(py)?);
                 if cancelled {
                     // Keep asyncio's cancellation semantics for the Task.
-                    self.owner.on_error(py, err.clone_ref(py));
+                    self.owner.on_cancel(py);
                     Err(err)
                 } else {
                     self.owner.on_error(py, err);
@@ -166,7 +175,11 @@ impl AppCall {
             (Some(v), None) => PyTuple::new(py, [typ, v])?,
             (v, Some(t)) => PyTuple::new(
                 py,
-                [typ.clone(), v.cloned().unwrap_or_else(|| py.None().into_bound(py)), t.clone()],
+                [
+                    typ.clone(),
+                    v.cloned().unwrap_or_else(|| py.None().into_bound(py)),
+                    t.clone(),
+                ],
             )?,
         };
         let step = match coro.call_method1(pyo3::intern!(py, "throw"), args) {
@@ -178,7 +191,9 @@ impl AppCall {
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.coro.bind(py).call_method0(pyo3::intern!(py, "close"))?;
+        self.coro
+            .bind(py)
+            .call_method0(pyo3::intern!(py, "close"))?;
         Ok(())
     }
 
@@ -208,11 +223,7 @@ static CANCELLED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 fn cancelled_error(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     CANCELLED
         .get_or_try_init(py, || {
-            Ok::<_, PyErr>(
-                py.import("asyncio")?
-                    .getattr("CancelledError")?
-                    .unbind(),
-            )
+            Ok::<_, PyErr>(py.import("asyncio")?.getattr("CancelledError")?.unbind())
         })
         .map(|c| c.bind(py))
 }

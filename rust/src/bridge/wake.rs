@@ -58,7 +58,11 @@ impl Flusher {
 
 impl Wakeups {
     /// Connects the wakeups to the asyncio loop that schedules flushes.
-    pub(crate) fn attach_loop(self: &Arc<Self>, py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> PyResult<()> {
+    pub(crate) fn attach_loop(
+        self: &Arc<Self>,
+        py: Python<'_>,
+        event_loop: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let call_soon = event_loop.getattr("call_soon")?.unbind();
         let flusher = Py::new(py, Flusher(Arc::clone(self)))?.into_any();
         let _ = self.call_soon.set((call_soon, flusher));

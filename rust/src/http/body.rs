@@ -23,6 +23,9 @@ pub(crate) struct StreamBody {
     conn: Arc<ConnCtx>,
     expect_continue: bool,
     finished: bool,
+    /// The app failed: report the error on the next poll, after hyper has
+    /// flushed what it already buffered.
+    failing: bool,
 }
 
 impl StreamBody {
@@ -38,15 +41,31 @@ impl StreamBody {
             conn,
             expect_continue,
             finished: false,
+            failing: false,
         }
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
         let shared = &*self.conn.shared;
-        pump_body(cx, &self.exch, &mut self.incoming, shared, self.expect_continue);
+        pump_body(
+            cx,
+            &self.exch,
+            &mut self.incoming,
+            shared,
+            self.expect_continue,
+        );
         match self.exch.poll_chunk(cx, shared) {
             Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
             Poll::Ready(Some(Err(e))) => {
+                if !self.failing {
+                    // hyper drops its write buffer when a body fails; yield
+                    // once so the head and the chunks sent so far reach the
+                    // client, then fail (no terminating chunk: the response
+                    // must not look complete).
+                    self.failing = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 self.finished = true;
                 Poll::Ready(Some(Err(e)))
             }

@@ -100,7 +100,15 @@ impl Activity {
 
     /// `Ok(next check)` or `Err(reason)` when the connection must close.
     fn check(&self, keepalive: Duration, header: Duration) -> Result<u64, &'static str> {
-        let now = clock_ms();
+        self.check_at(clock_ms(), keepalive, header)
+    }
+
+    fn check_at(
+        &self,
+        now: u64,
+        keepalive: Duration,
+        header: Duration,
+    ) -> Result<u64, &'static str> {
         if self.busy.load(Ordering::Relaxed) {
             return Ok(now + keepalive.as_millis().max(1) as u64);
         }
@@ -247,5 +255,54 @@ pub(crate) async fn serve<I>(
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KA: Duration = Duration::from_millis(1000);
+    const HEAD: Duration = Duration::from_millis(5000);
+
+    fn since(a: &Activity) -> u64 {
+        a.since_ms.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn idle_connection_times_out_after_keepalive() {
+        let a = Activity::new();
+        assert!(a.check_at(since(&a) + 500, KA, HEAD).is_ok());
+        assert_eq!(
+            a.check_at(since(&a) + 1000, KA, HEAD),
+            Err("keep-alive idle timeout")
+        );
+    }
+
+    #[test]
+    fn a_started_head_gets_the_header_timeout_instead() {
+        let a = Activity::new();
+        a.on_bytes();
+        let t0 = since(&a);
+        assert!(
+            a.check_at(t0 + 2000, KA, HEAD).is_ok(),
+            "2 s into a head is within 5 s"
+        );
+        assert_eq!(
+            a.check_at(t0 + 6000, KA, HEAD),
+            Err("request head not received in time")
+        );
+    }
+
+    #[test]
+    fn a_busy_connection_never_times_out() {
+        let a = Activity::new();
+        a.start_request();
+        assert!(a.check_at(since(&a) + 60_000, KA, HEAD).is_ok());
+        a.end_request();
+        assert!(
+            a.check_at(since(&a) + 10, KA, HEAD).is_ok(),
+            "idle time restarts"
+        );
     }
 }

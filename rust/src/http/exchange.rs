@@ -269,3 +269,100 @@ fn wake_tokio(st: &mut ExchState, shared: &Shared) {
         shared.wakeups.wake(w);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::task::Waker;
+
+    fn shared(body_chunk_size: usize, body_buffer: usize, send_buffer: usize) -> Shared {
+        Shared::new(Config {
+            body_chunk_size,
+            body_buffer,
+            send_buffer,
+            ..Config::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn request_body_is_split_into_bounded_chunks() {
+        let s = shared(4, 100, 100);
+        let ex = Arc::new(Exchange::default());
+        ex.push_body(Bytes::from_static(b"0123456789"), &s);
+        let st = ex.lock();
+        let sizes: Vec<usize> = st.body.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, vec![4, 4, 2]);
+        assert_eq!(st.body_bytes, 10);
+    }
+
+    #[test]
+    fn reading_pauses_when_the_body_buffer_is_full() {
+        let s = shared(64, 8, 100);
+        let ex = Arc::new(Exchange::default());
+        assert!(ex.wants_body(&s, false));
+        ex.push_body(Bytes::from_static(b"12345678"), &s);
+        assert!(
+            !ex.wants_body(&s, false),
+            "full buffer: stop reading the socket"
+        );
+    }
+
+    #[test]
+    fn expect_continue_waits_for_the_app_to_ask() {
+        let s = shared(64, 100, 100);
+        let ex = Arc::new(Exchange::default());
+        assert!(!ex.wants_body(&s, true));
+        ex.lock().body_wanted = true;
+        assert!(ex.wants_body(&s, true));
+    }
+
+    #[test]
+    fn response_chunks_then_end() {
+        let s = shared(64, 100, 100);
+        let ex = Arc::new(Exchange::default());
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(ex.poll_chunk(&mut cx, &s).is_pending());
+        assert!(!ex.push_out(Bytes::from_static(b"ab"), false, &s));
+        assert!(!ex.push_out(Bytes::from_static(b""), true, &s));
+        match ex.poll_chunk(&mut cx, &s) {
+            Poll::Ready(Some(Ok(b))) => assert_eq!(&b[..], b"ab"),
+            _ => panic!("expected the chunk"),
+        }
+        assert!(matches!(ex.poll_chunk(&mut cx, &s), Poll::Ready(None)));
+    }
+
+    #[test]
+    fn send_buffer_limit_reports_full() {
+        let s = shared(64, 100, 4);
+        let ex = Arc::new(Exchange::default());
+        assert!(ex.push_out(Bytes::from_static(b"12345"), false, &s));
+    }
+
+    #[test]
+    fn abort_is_reported_after_queued_chunks() {
+        let s = shared(64, 100, 100);
+        let ex = Arc::new(Exchange::default());
+        let mut cx = Context::from_waker(Waker::noop());
+        ex.push_out(Bytes::from_static(b"x"), false, &s);
+        ex.abort(&s);
+        assert!(matches!(
+            ex.poll_chunk(&mut cx, &s),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(matches!(
+            ex.poll_chunk(&mut cx, &s),
+            Poll::Ready(Some(Err(Aborted)))
+        ));
+    }
+
+    #[test]
+    fn gone_ends_the_request_body() {
+        let s = shared(64, 100, 100);
+        let ex = Arc::new(Exchange::default());
+        ex.mark_gone(&s);
+        let st = ex.lock();
+        assert!(st.gone && st.body_end);
+    }
+}

@@ -109,7 +109,9 @@ pub(crate) fn message_type<'py>(
 
 /// Compares an interned name with a message type, pointer first.
 pub(crate) fn is(t: &Bound<'_, PyString>, name: &Py<PyString>) -> bool {
-    t.as_ptr() == name.as_ptr() || t.to_str().is_ok_and(|s| s == name.bind(t.py()).to_str().unwrap_or(""))
+    t.as_ptr() == name.as_ptr()
+        || t.to_str()
+            .is_ok_and(|s| s == name.bind(t.py()).to_str().unwrap_or(""))
 }
 
 /// Parses the `headers` of a start message into a `HeaderMap`.
@@ -196,7 +198,9 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
             .get_item(n.status.bind(py))?
             .ok_or_else(|| PyTypeError::new_err("http.response.start requires 'status'"))?;
         if status.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(PyTypeError::new_err("http.response.start 'status' must be an int, got bool"));
+            return Err(PyTypeError::new_err(
+                "http.response.start 'status' must be an int, got bool",
+            ));
         }
         let code: i64 = status.extract().map_err(|_| {
             PyTypeError::new_err(format!(

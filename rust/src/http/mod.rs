@@ -31,7 +31,8 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         Ok(s) => s,
         Err(e) => {
             ctx.log_error(py, "could not build the HTTP scope", Some(&e));
-            let proto = HttpProtocol::new(Arc::clone(&req.exch), Arc::clone(ctx), req.received, None);
+            let proto =
+                HttpProtocol::new(Arc::clone(&req.exch), Arc::clone(ctx), req.received, None);
             proto.on_error(py, e);
             return;
         }
@@ -39,7 +40,12 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
     let keep_scope = ctx.access_log.is_some().then(|| scope.clone().unbind());
     let proto = match Py::new(
         py,
-        HttpProtocol::new(Arc::clone(&req.exch), Arc::clone(ctx), req.received, keep_scope),
+        HttpProtocol::new(
+            Arc::clone(&req.exch),
+            Arc::clone(ctx),
+            req.received,
+            keep_scope,
+        ),
     ) {
         Ok(p) => p,
         Err(e) => {
@@ -52,7 +58,10 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;
         let send = b.getattr(pyo3::intern!(py, "send"))?;
         let coro = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])?;
-        let call = Bound::new(py, AppCall::new(coro.unbind(), Owner::Http(proto.clone_ref(py))))?;
+        let call = Bound::new(
+            py,
+            AppCall::new(coro.unbind(), Owner::Http(proto.clone_ref(py))),
+        )?;
         ctx.spawn(py, call.into_any())
     };
     if let Err(e) = run() {

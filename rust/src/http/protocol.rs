@@ -71,7 +71,10 @@ fn disconnect_message(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 
 fn plain_500() -> ResponseHead {
     let mut headers = HeaderMap::new();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     headers.insert(CONNECTION, HeaderValue::from_static("close"));
     ResponseHead {
         status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -79,7 +82,6 @@ fn plain_500() -> ResponseHead {
         body: BodyOut::Full(Bytes::from_static(b"Internal Server Error")),
     }
 }
-
 
 /// The next message `receive()` can deliver right now, if any.
 fn next_message<'py>(
@@ -189,9 +191,10 @@ impl HttpProtocol {
                 .map(|h| h.clone_ref(py))
                 .unwrap_or_else(|| py.None());
             let secs = self.received.map_or(0.0, |r| r.elapsed().as_secs_f64());
-            if let Err(e) = access
-                .bind(py)
-                .call1((scope.bind(py), st.status, headers, st.sent, secs))
+            if let Err(e) =
+                access
+                    .bind(py)
+                    .call1((scope.bind(py), st.status, headers, st.sent, secs))
             {
                 self.ctx.log_error(py, "access log failed", Some(&e));
             }
@@ -241,6 +244,11 @@ impl HttpProtocol {
     /// The app returned.
     pub(crate) fn on_return(&self, py: Python<'_>) {
         let mut st = self.st.lock();
+        if st.phase != Phase::Done && self.exch.lock().gone {
+            // Nobody is left to answer: not an application error.
+            st.phase = Phase::Done;
+            return;
+        }
         if st.phase != Phase::Done {
             let msg = if st.phase == Phase::Initial {
                 "ASGI callable returned without starting response"
@@ -252,6 +260,19 @@ impl HttpProtocol {
         }
     }
 
+    /// The app's task was cancelled.
+    pub(crate) fn on_cancel(&self, py: Python<'_>) {
+        let mut st = self.st.lock();
+        if st.phase != Phase::Done {
+            self.ctx.log(
+                py,
+                10,
+                "ASGI request task cancelled before completing its response",
+            );
+            self.fail(py, &mut st);
+        }
+    }
+
     /// The app raised.
     pub(crate) fn on_error(&self, py: Python<'_>, err: PyErr) {
         let mut st = self.st.lock();
@@ -259,7 +280,8 @@ impl HttpProtocol {
         if err.is_instance_of::<ClientDisconnected>(py) && gone {
             // The app let our own disconnect error escape: not a bug to log
             // at error level.
-            self.ctx.log(py, 10, "ASGI callable stopped: client disconnected");
+            self.ctx
+                .log(py, 10, "ASGI callable stopped: client disconnected");
         } else {
             self.ctx
                 .log_error(py, "Exception in ASGI application", Some(&err));
@@ -302,12 +324,20 @@ impl HttpProtocol {
     /// Raises `TypeError`/`RuntimeError` for an invalid message or order,
     /// and `ClientDisconnected` (an `OSError`) once the client is gone or
     /// the response is complete.
-    fn send<'py>(&self, py: Python<'py>, message: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn send<'py>(
+        &self,
+        py: Python<'py>,
+        message: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let msg = parse_http_send(message)?;
         let shared = &self.ctx.shared;
         let mut st = self.st.lock();
         match msg {
             HttpSend::Start { status, headers } => {
+                if self.exch.lock().gone {
+                    st.phase = Phase::Done;
+                    return Err(ClientDisconnected::new_err("the client disconnected"));
+                }
                 if st.phase != Phase::Initial {
                     if st.phase == Phase::Done && self.exch.lock().gone {
                         return Err(ClientDisconnected::new_err("the client disconnected"));

@@ -91,7 +91,10 @@ pub(crate) fn http_scope<'py>(
         scope.set_item(n.raw_path.bind(py), PyBytes::new(py, raw.as_bytes()))?;
     } else {
         let root = &ctx.root_path;
-        scope.set_item(n.path.bind(py), PyString::new(py, &format!("{root}{decoded}")))?;
+        scope.set_item(
+            n.path.bind(py),
+            PyString::new(py, &format!("{root}{decoded}")),
+        )?;
         let mut raw_path = Vec::with_capacity(root.len() + raw.len());
         raw_path.extend_from_slice(root.as_bytes());
         raw_path.extend_from_slice(raw.as_bytes());

@@ -44,7 +44,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn new(config: Config) -> std::io::Result<Self> {
+    pub(crate) fn new(config: Config) -> std::io::Result<Self> {
         let mut h1 = http1::Builder::new();
         h1.timer(TokioTimer::new())
             // Skirr runs its own idle and head-read timers (see http::conn).
@@ -192,7 +192,8 @@ impl Server {
                     Event::ReopenLogs => {
                         if let Some(f) = &self.ctx.reopen_logs {
                             if let Err(e) = f.bind(py).call0() {
-                                self.ctx.log_error(py, "reopening log files failed", Some(&e));
+                                self.ctx
+                                    .log_error(py, "reopening log files failed", Some(&e));
                             }
                         }
                     }
@@ -201,8 +202,11 @@ impl Server {
         }
         let dropped = self.shared.queue.take_dropped_logs();
         if dropped > 0 {
-            self.ctx
-                .log(py, 30, &format!("{dropped} log lines were dropped (logging fell behind)"));
+            self.ctx.log(
+                py,
+                30,
+                &format!("{dropped} log lines were dropped (logging fell behind)"),
+            );
         }
         *self.scratch.lock() = events;
     }
@@ -223,6 +227,8 @@ impl Server {
         let shared = Arc::clone(&self.shared);
         let res = py.detach(move || crate::runtime::run(shared, listeners));
         logging::uninstall();
+        // Make sure the final drain (scheduled by the caller) sees them.
+        self.shared.queue.flush();
         match res {
             Ok(()) => Ok(()),
             Err(run::RunError::Startup(msg)) => Err(StartupFailed::new_err(msg)),

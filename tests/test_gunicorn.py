@@ -1,0 +1,142 @@
+"""`gunicorn -k skirr.RustWorker` under a real Gunicorn master."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+
+from harness import RawConn, gunicorn, request, wait_until, worker_pids
+
+APP = "apps.probe:app"
+
+
+def pid_of(port: int) -> int:
+    return int(request(port, "GET", "/pid").body)
+
+
+def test_two_workers_both_serve():
+    with gunicorn(APP, "-w", "2") as g:
+        wait_until(lambda: len(worker_pids(g.proc.pid)) == 2, what="2 workers")
+        seen = set()
+        conns = [RawConn(g.port) for _ in range(40)]
+        try:
+            for c in conns:
+                c.send(b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n")
+            for c in conns:
+                seen.add(int(c.read_response().body))
+        finally:
+            for c in conns:
+                c.close()
+        assert seen == set(worker_pids(g.proc.pid))
+        assert len(seen) == 2
+
+
+def test_sigterm_drains_an_in_flight_request():
+    with gunicorn(APP, "-w", "1") as g:
+        result = {}
+
+        def slow():
+            result["r"] = request(g.port, "GET", "/sleep?secs=1.5&tag=drain")
+
+        t = threading.Thread(target=slow)
+        t.start()
+        wait_until(
+            lambda: b'"sleeping": "drain"' in request(g.port, "GET", "/events").body,
+            what="the slow request to reach the app",
+        )
+        g.send_signal(signal.SIGTERM)
+        t.join(15)
+        assert result["r"].status == 200 and result["r"].body == b"slept"
+        assert g.wait(15) == 0
+
+
+def test_max_requests_recycles_the_worker_without_failing_requests():
+    with gunicorn(APP, "-w", "1", "--max-requests", "10") as g:
+        pids = []
+        for _ in range(35):
+            r = request(g.port, "GET", "/pid")
+            assert r.status == 200
+            pids.append(int(r.body))
+        assert len(set(pids)) >= 3
+        assert "Autorestarting worker" in g.logs()
+
+
+def test_long_request_survives_the_worker_timeout():
+    with gunicorn(APP, "-w", "1", "--timeout", "2") as g:
+        before = pid_of(g.port)
+        r = request(g.port, "GET", "/sleep?secs=4")
+        assert r.status == 200 and r.body == b"slept"
+        assert pid_of(g.port) == before
+
+
+def test_blocked_event_loop_gets_the_worker_replaced():
+    with gunicorn(APP, "-w", "1", "--timeout", "2") as g:
+        before = pid_of(g.port)
+        with RawConn(g.port, timeout=15) as c:
+            c.send(b"GET /block?secs=30 HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.is_closed(timeout=14), "the stuck worker must be killed"
+        after = wait_until(lambda: pid_of(g.port), timeout=15, what="a new worker")
+        assert after != before
+        assert "WORKER TIMEOUT" in g.logs()
+
+
+def test_unix_socket_bind():
+    path = os.path.join(tempfile.mkdtemp(), "g.sock")
+    with gunicorn(APP, "-w", "1", uds=path) as g:
+        with RawConn(path=path) as c:
+            c.send(b"GET /scope HTTP/1.1\r\nHost: x\r\n\r\n")
+            r = c.read_response()
+        assert r.status == 200
+        assert b'"client": null' in r.body
+        assert g.proc.poll() is None
+
+
+def test_startup_failure_halts_the_master():
+    with gunicorn(APP, "-w", "1", env={"PROBE_LIFESPAN": "fail"}, ready=False) as g:
+        code = g.wait(30)
+        assert code != 0
+        log = g.logs()
+        assert "database unreachable" in log
+        assert "Worker failed to boot" in log
+
+
+def test_access_log_uses_gunicorns_format():
+    with gunicorn(APP, "-w", "1", "--access-logfile", "-") as g:
+        request(g.port, "GET", "/scope?x=1", headers=[("User-Agent", "probe-agent")])
+        wait_until(lambda: '"GET /scope?x=1 HTTP/1.1" 200' in g.logs(), what="access line")
+        line = [ln for ln in g.logs().splitlines() if "/scope?x=1" in ln][0]
+        assert line.startswith("127.0.0.1 - - [")
+        assert '"probe-agent"' in line
+
+
+def test_worker_exits_when_the_master_dies():
+    with gunicorn(APP, "-w", "1") as g:
+        workers = wait_until(lambda: worker_pids(g.proc.pid), what="worker")
+        os.kill(g.proc.pid, signal.SIGKILL)
+        g.wait(5)
+        t0 = time.monotonic()
+
+        def gone():
+            try:
+                os.kill(workers[0], 0)
+            except ProcessLookupError:
+                return True
+            # A zombie (not yet reaped by init) counts as exited.
+            with open(f"/proc/{workers[0]}/stat") as f:
+                return f.read().split()[2] == "Z"
+
+        wait_until(gone, timeout=5, what="orphaned worker exit")
+        assert time.monotonic() - t0 < 2.0
+
+
+def test_keepalive_setting_is_honoured():
+    with gunicorn(APP, "-w", "1", "--keep-alive", "1") as g:
+        with RawConn(g.port) as c:
+            c.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            c.read_response()
+            t0 = time.monotonic()
+            assert c.is_closed(timeout=5)
+            assert 0.7 < time.monotonic() - t0 < 4
