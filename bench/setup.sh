@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates bench/.venv (CPython 3.12: weft-server's wheels need it, so every
+# server runs on the same interpreter), installs Skirr (release build) and
+# every peer at pinned versions, and builds the Rust helpers (the pure-hyper
+# ceiling server and the load client).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY_VERSION=${BENCH_PYTHON:-3.12}
+py=""
+for p in "python$PY_VERSION" "$HOME/.pyenv/versions/$PY_VERSION"*/bin/python; do
+    if command -v "$p" >/dev/null 2>&1; then py=$(command -v "$p"); break; fi
+done
+[ -n "$py" ] || { echo "bench/setup.sh: CPython $PY_VERSION not found" >&2; exit 1; }
+command -v wrk >/dev/null || { echo "bench/setup.sh: wrk not found (apt-get install wrk)" >&2; exit 1; }
+[ -x bench/.venv/bin/python ] || "$py" -m venv bench/.venv
+bench/.venv/bin/pip install -q --upgrade pip
+bench/.venv/bin/pip install -q ".[gunicorn,uvloop]" fastapi
+bench/.venv/bin/pip install -q -r bench/requirements-peers.txt
+cargo build --release -q -p hyper-hello -p loadgen

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what the tests need and runs every test Skirr has:
+#   Rust: cargo fmt --check, clippy -D warnings, unit tests;
+#   Python: ruff, then the pytest suite (real servers, real sockets, a real
+#   Gunicorn master) on each CPython in SKIRR_TEST_PYTHONS (default 3.11 3.13).
+# Each interpreter gets its own virtualenv in .venv-test/<version> with
+# Skirr built once (a release build) and installed with its [test] extra.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHONS=${SKIRR_TEST_PYTHONS:-"3.11 3.13"}
+
+find_python() {
+    local v=$1 p
+    for p in "python$v" "$HOME/.pyenv/versions/$v"*/bin/python; do
+        if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import sys; sys.exit(0)' 2>/dev/null; then
+            command -v "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+
+first=""
+for v in $PYTHONS; do
+    py=$(find_python "$v") || { echo "tests/run.sh: CPython $v not found" >&2; exit 1; }
+    venv=".venv-test/$v"
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    echo "== building and installing skirr[test] for $("$venv/bin/python" -V)"
+    "$venv/bin/python" -m pip install -q ".[test]"
+    [ -n "$first" ] || first=$venv
+done
+
+echo "== Rust: fmt, clippy, unit tests"
+export PYO3_PYTHON="$PWD/$first/bin/python"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test -p skirr
+
+echo "== Python: ruff"
+"$first/bin/ruff" check python tests examples bench
+
+for v in $PYTHONS; do
+    echo "== pytest on CPython $v"
+    # Run from a copy-free layout: tests import the installed skirr, not python/.
+    ".venv-test/$v/bin/python" -m pytest -q "$@"
+done
