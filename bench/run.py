@@ -172,7 +172,7 @@ def _ms(m) -> float | None:
 
 
 def run_wrk(url: str, w: Workload, conns: int, duration: float) -> dict:
-    args = ["taskset", "-c", CLIENT_CPU, "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency"]
+    args = ["taskset", "-c", CLIENT_CPU, "wrk", "-t1", f"-c{conns}", f"-d{max(1, round(duration))}s", "--latency"]
     if w.method == "POST":
         args += ["-s", str(BENCH / "post4k.lua")]
     args.append(url)
@@ -341,8 +341,9 @@ def summarize(cell: Cell) -> dict:
         rps = [r["rps"] for r in cell.runs]
         d["rps_median"] = statistics.median(rps)
         d["rps_min"], d["rps_max"] = min(rps), max(rps)
-        d["p50_ms"] = statistics.median(r["p50_ms"] for r in cell.runs if r["p50_ms"] is not None)
-        d["p99_ms"] = statistics.median(r["p99_ms"] for r in cell.runs if r["p99_ms"] is not None)
+        for key in ("p50_ms", "p99_ms"):
+            vals = [r[key] for r in cell.runs if r[key] is not None]
+            d[key] = statistics.median(vals) if vals else float("nan")
         d["errors"] = sum(r["socket_errors"] for r in cell.runs)
         d["non2xx"] = sum(r["non2xx"] for r in cell.runs)
         d["server_cpu_pct"] = statistics.median(r["server_cpu_pct"] for r in cell.runs)

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 PY_VERSION=${BENCH_PYTHON:-3.12}
 py=""
 for p in "python$PY_VERSION" "$HOME/.pyenv/versions/$PY_VERSION"*/bin/python; do
-    if command -v "$p" >/dev/null 2>&1; then py=$(command -v "$p"); break; fi
+    # pyenv shims exist for every version but only run the selected ones.
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import sys' 2>/dev/null; then py=$(command -v "$p"); break; fi
 done
 [ -n "$py" ] || { echo "bench/setup.sh: CPython $PY_VERSION not found" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "bench/setup.sh: wrk not found (apt-get install wrk)" >&2; exit 1; }
