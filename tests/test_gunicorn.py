@@ -19,19 +19,18 @@ def pid_of(port: int) -> int:
 
 def test_two_workers_both_serve():
     with gunicorn(APP, "-w", "2") as g:
-        wait_until(lambda: len(worker_pids(g.proc.pid)) == 2, what="2 workers")
+        workers = set(
+            wait_until(lambda: len(worker_pids(g.proc.pid)) == 2 and worker_pids(g.proc.pid), what="2 workers")
+        )
         seen = set()
-        conns = [RawConn(g.port) for _ in range(40)]
-        try:
-            for c in conns:
-                c.send(b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n")
-            for c in conns:
-                seen.add(int(c.read_response().body))
-        finally:
-            for c in conns:
-                c.close()
-        assert seen == set(worker_pids(g.proc.pid))
-        assert len(seen) == 2
+        # Both workers accept on the shared socket; which one wins a given
+        # connection is up to the kernel, so keep connecting until both have
+        # answered (bounded).
+        for _ in range(2000):
+            seen.add(pid_of(g.port))
+            if seen == workers:
+                break
+        assert seen == workers
 
 
 def test_sigterm_drains_an_in_flight_request():

@@ -46,15 +46,26 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_forever()
 
 
-def _finish_loop(loop: asyncio.AbstractEventLoop, log: logging.Logger) -> None:
+async def _cancel_everything(server: Server) -> None:
+    """Cancels the app's suspended request tasks (Skirr's own task type, not
+    listed by ``asyncio.all_tasks``) and every asyncio task it started, and
+    waits (bounded) for them to finish."""
+    server.cancel_tasks()
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for t in tasks:
+        t.cancel()
+    deadline = asyncio.get_running_loop().time() + LOOP_JOIN_TIMEOUT
+    while server.pending_tasks or any(not t.done() for t in tasks):
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.01)
+
+
+def _finish_loop(loop: asyncio.AbstractEventLoop, server: Server, log: logging.Logger) -> None:
     """Cancels what the app left running, then closes the loop."""
     try:
-        tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            gathered = asyncio.gather(*tasks, return_exceptions=True)
-            loop.run_until_complete(asyncio.wait_for(gathered, LOOP_JOIN_TIMEOUT))
+        loop.run_until_complete(_cancel_everything(server))
         loop.run_until_complete(loop.shutdown_asyncgens())
     except Exception:  # noqa: BLE001 - best effort at exit
         log.debug("cleaning up the event loop failed", exc_info=True)
@@ -115,6 +126,6 @@ def serve(
         thread.join(LOOP_JOIN_TIMEOUT)
         if not thread.is_alive():
             loop.remove_reader(server.event_fd)
-            _finish_loop(loop, error_logger)
+            _finish_loop(loop, server, error_logger)
         else:
             error_logger.warning("the event loop did not stop within %ss", LOOP_JOIN_TIMEOUT)

@@ -13,11 +13,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tokio::sync::oneshot;
 
-use crate::bridge::awaitable::{done, ready};
+use crate::bridge::awaitable::ready;
 use crate::bridge::context::{resolve, AppContext};
 use crate::bridge::names::names;
 use crate::bridge::queue::Event;
-use crate::bridge::task::{call_app, AppCall, Owner};
+use crate::bridge::task::{call_app, Owner, Task};
 use crate::config::LifespanMode;
 use crate::http::message::{is, message_type};
 use crate::server::Shared;
@@ -162,7 +162,7 @@ impl LifespanProtocol {
                 t.to_string_lossy()
             )));
         }
-        done(py)
+        self.ctx.done(py)
     }
 }
 
@@ -192,15 +192,12 @@ pub(crate) fn handle(
                 let b = proto.bind(py);
                 let receive = b.getattr(pyo3::intern!(py, "receive"))?;
                 let send = b.getattr(pyo3::intern!(py, "send"))?;
-                match call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send]) {
-                    Ok(coro) => {
-                        let call = Bound::new(
-                            py,
-                            AppCall::new(coro.unbind(), Owner::Lifespan(proto.clone_ref(py))),
-                        )?;
-                        ctx.spawn(py, call.into_any())?;
-                    }
-                    Err(e) => proto.get().on_error(py, e),
+                let started = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])
+                    .and_then(|coro| {
+                        Task::start(py, ctx, coro, Owner::Lifespan(proto.clone_ref(py)))
+                    });
+                if let Err(e) = started {
+                    proto.get().on_error(py, e);
                 }
                 Ok(proto)
             };

@@ -1,14 +1,13 @@
 //! Awaitables handed to applications.
 //!
-//! Most `send()` and many `receive()` calls can complete at once: the message
-//! was queued, or the data is already here. Returning an asyncio `Future`
-//! would cost an allocation and an event-loop round trip; [`Ready`] is a
-//! pre-completed awaitable whose first `__next__` finishes the `await`.
+//! Many `receive()` calls can complete at once: the data is already here.
+//! [`Ready`] is a pre-completed awaitable whose first `__next__` finishes the
+//! `await` with the message, with no event-loop round trip. (`send()` uses a
+//! shared, already-done asyncio future instead: its result is always `None`.)
 
 use parking_lot::Mutex;
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 
 /// An awaitable that is already complete.
 ///
@@ -40,22 +39,6 @@ impl Ready {
     fn send(&self, _value: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
         self.__next__()
     }
-}
-
-static DONE: PyOnceLock<Py<Ready>> = PyOnceLock::new();
-
-/// A shared awaitable that completes with `None`: what `send()` returns when
-/// the message was accepted without waiting.
-pub(crate) fn done(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    let done = DONE.get_or_try_init(py, || {
-        Py::new(
-            py,
-            Ready {
-                value: Mutex::new(None),
-            },
-        )
-    })?;
-    Ok(done.bind(py).clone().into_any())
 }
 
 /// An awaitable that completes with `value`.

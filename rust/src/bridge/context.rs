@@ -3,39 +3,33 @@
 //! Built once on the Python side when the server is created; read only on
 //! the asyncio thread (every field is a Python object).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 use crate::bridge::names::names;
+use crate::bridge::task::Task;
 use crate::errors::ClientDisconnected;
 use crate::server::Shared;
-
-/// How an application coroutine becomes a Task.
-enum Spawn {
-    /// Python ≥ 3.12: `asyncio.Task(coro, loop=loop, eager_start=True)`
-    /// runs the first step at once; an app that answers without awaiting
-    /// anything real never goes through the loop's ready queue.
-    Eager {
-        task_type: Py<PyAny>,
-        kwargs: Py<PyDict>,
-    },
-    /// Python 3.10 and 3.11: `asyncio.Task(coro, loop=loop, name=...)`,
-    /// scheduled; the shared name spares 3.11 formatting "Task-N" per task.
-    Scheduled {
-        task_type: Py<PyAny>,
-        kwargs: Py<PyDict>,
-    },
-}
 
 /// Python-side server context.
 pub(crate) struct AppContext {
     pub(crate) shared: Arc<Shared>,
     /// The ASGI 3 application (ASGI 2 apps are wrapped on the Python side).
     pub(crate) app: Py<PyAny>,
+    /// The asyncio loop the apps run on.
+    pub(crate) event_loop: Py<PyAny>,
     create_future: Py<PyAny>,
-    spawn: Spawn,
+    /// An asyncio future that is already done with `None`: what `send()`
+    /// returns when it need not wait. Awaiting a done future is all C code
+    /// in `_asyncio` (no call into Skirr, no exception raised).
+    done: Py<PyAny>,
+    /// Tasks that suspended and have not finished, by object address: what
+    /// shutdown cancels.
+    pub(crate) tasks: Mutex<HashMap<usize, Py<Task>>>,
     /// A prebuilt HTTP scope with every key present: copying it and
     /// replacing values never resizes the dict.
     pub(crate) http_template: Py<PyDict>,
@@ -66,25 +60,6 @@ impl AppContext {
     pub(crate) fn new(py: Python<'_>, shared: Arc<Shared>, p: PyParts) -> PyResult<Self> {
         let n = names(py);
         let lp = p.event_loop.bind(py);
-        let asyncio = py.import("asyncio")?;
-        let spawn = if py.version_info() >= (3, 12) {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("loop", lp)?;
-            kwargs.set_item("eager_start", true)?;
-            Spawn::Eager {
-                task_type: asyncio.getattr("Task")?.unbind(),
-                kwargs: kwargs.unbind(),
-            }
-        } else {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("loop", lp)?;
-            kwargs.set_item("name", "skirr-request")?;
-            Spawn::Scheduled {
-                task_type: asyncio.getattr("Task")?.unbind(),
-                kwargs: kwargs.unbind(),
-            }
-        };
-
         let asgi_http = PyDict::new(py);
         asgi_http.set_item(n.version.bind(py), "3.0")?;
         asgi_http.set_item(n.spec_version.bind(py), "2.5")?;
@@ -112,11 +87,16 @@ impl AppContext {
             t.set_item(key.bind(py), &none)?;
         }
 
+        let create_future = lp.getattr("create_future")?;
+        let done = create_future.call0()?;
+        done.call_method1("set_result", (py.None(),))?;
         Ok(Self {
             shared,
             app: p.app,
-            create_future: lp.getattr("create_future")?.unbind(),
-            spawn,
+            event_loop: p.event_loop.clone_ref(py),
+            create_future: create_future.unbind(),
+            done: done.unbind(),
+            tasks: Mutex::new(HashMap::new()),
             http_template: t.unbind(),
             asgi_lifespan: asgi_lifespan.unbind(),
             state: PyDict::new(py).unbind(),
@@ -127,17 +107,14 @@ impl AppContext {
         })
     }
 
+    /// The shared completed awaitable (see [`AppContext::done`]).
+    pub(crate) fn done<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.done.bind(py).clone())
+    }
+
     /// A new asyncio future on the server's loop.
     pub(crate) fn create_future<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.create_future.bind(py).call0()
-    }
-
-    /// Runs an application coroutine (an `AppCall`) as an asyncio Task.
-    pub(crate) fn spawn(&self, py: Python<'_>, call: Bound<'_, PyAny>) -> PyResult<()> {
-        let (Spawn::Eager { task_type, kwargs } | Spawn::Scheduled { task_type, kwargs }) =
-            &self.spawn;
-        task_type.bind(py).call((call,), Some(kwargs.bind(py)))?;
-        Ok(())
     }
 
     /// Logs `msg` at ERROR, with the traceback of `err` when given.

@@ -56,8 +56,6 @@ names! {
     // message types
     http_request = "http.request",
     http_disconnect = "http.disconnect",
-    http_response_start = "http.response.start",
-    http_response_body = "http.response.body",
     lifespan_startup = "lifespan.startup",
     lifespan_shutdown = "lifespan.shutdown",
     lifespan_startup_complete = "lifespan.startup.complete",

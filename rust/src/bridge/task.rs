@@ -1,29 +1,49 @@
-//! Running an application coroutine inside an asyncio Task.
+//! Running application coroutines: a task driven from Rust.
 //!
-//! [`AppCall`] wraps the coroutine returned by `app(scope, receive, send)`.
-//! It is a coroutine itself (it has `__await__`, `send`, `throw`, `close`,
-//! and `__next__`, which the C Task uses for its `send(None)` fast path), so
-//! the app still runs in a real `asyncio.Task`: `current_task()`,
-//! cancellation and context variables behave as under any server (anyio and
-//! Starlette depend on them). The wrapper only observes each step:
+//! Each `app(scope, receive, send)` coroutine runs in a [`Task`]: an object
+//! with `asyncio.Task`'s behaviour and API (the parts applications and
+//! libraries use) whose steps are driven from Rust. It follows CPython's
+//! `Task.__step` / `Task.__wakeup` (`Lib/asyncio/tasks.py`) exactly:
 //!
-//! * the coroutine *suspends*: a held `http.response.start` is flushed, so
-//!   headers never wait on an app that sleeps before its first body chunk;
-//! * it *returns*: the owner checks the response was completed (else 500);
-//! * it *raises*: the owner logs the traceback and answers 500, or closes the
-//!   connection if the response had started. The exception stops here, so no
-//!   "Task exception was never retrieved" noise and no dead worker.
+//! * each task runs in its own copy of the `contextvars` context;
+//! * during a step `asyncio.current_task()` is the task (set with
+//!   `asyncio.tasks._enter_task` / `_leave_task`), so anyio, Starlette and
+//!   `asyncio.timeout` / `TaskGroup` work;
+//! * a yielded asyncio future gets the task's `_wakeup` as done callback; a
+//!   bare `yield` reschedules the next step with `call_soon`;
+//! * `cancel()`, `cancelling()`, `uncancel()`, `_must_cancel` and
+//!   `_fut_waiter` behave as in CPython 3.11+.
 //!
-//! No done-callback is registered: completion is seen inline, at no cost.
+//! What it saves, per request: `asyncio.Task.__init__` with its registration
+//! in a `WeakSet`, a `call_soon` handle for the first step (the first step
+//! runs at once, like Python 3.12's eager tasks), and the teardown of both
+//! (measured: about a quarter of the asyncio thread's instructions for a
+//! minimal app; see `bench/NOTES.md`). Tasks that suspend are kept in a
+//! registry so the server can cancel them at shutdown; `asyncio.all_tasks()`
+//! does not list them.
+//!
+//! The task also observes its coroutine for the server:
+//!
+//! * when it *suspends*, a held `http.response.start` is flushed, so headers
+//!   never wait on an app that sleeps before its first body chunk;
+//! * when it *returns*, the owner checks the response was completed;
+//! * when it *raises*, the owner logs the traceback and answers 500, or
+//!   closes the connection if the response had started. The exception stops
+//!   here: no "exception was never retrieved" noise and no dead worker.
 
 use std::ptr;
+use std::sync::Arc;
 
-use pyo3::exceptions::{PyStopIteration, PyTypeError};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
 use pyo3::ffi;
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
+use pyo3::PyTraverseError;
 
+use crate::bridge::context::AppContext;
 use crate::http::protocol::HttpProtocol;
 use crate::lifespan::LifespanProtocol;
 
@@ -62,193 +82,615 @@ impl Owner {
             Owner::Lifespan(p) => p.get().on_return(py),
         }
     }
+
+    fn as_any(&self) -> &Py<PyAny> {
+        match self {
+            Owner::Http(p) => p.as_any(),
+            Owner::Lifespan(p) => p.as_any(),
+        }
+    }
 }
 
-/// A coroutine wrapper that reports the app's completion to its owner.
-#[pyclass(frozen, freelist = 256, module = "skirr._skirr")]
-pub(crate) struct AppCall {
-    coro: Py<PyAny>,
-    owner: Owner,
+/// Python objects the task module needs, looked up once.
+struct Asyncio {
+    enter_task: Py<PyAny>,
+    leave_task: Py<PyAny>,
+    cancelled_error: Py<PyAny>,
+    invalid_state: Py<PyAny>,
 }
 
-/// What one step of the inner coroutine produced.
+static ASYNCIO: PyOnceLock<Asyncio> = PyOnceLock::new();
+
+fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
+    ASYNCIO.get_or_try_init(py, || {
+        let tasks = py.import("asyncio.tasks")?;
+        let exc = py.import("asyncio.exceptions")?;
+        Ok(Asyncio {
+            enter_task: tasks.getattr("_enter_task")?.unbind(),
+            leave_task: tasks.getattr("_leave_task")?.unbind(),
+            cancelled_error: exc.getattr("CancelledError")?.unbind(),
+            invalid_state: exc.getattr("InvalidStateError")?.unbind(),
+        })
+    })
+}
+
+#[derive(Default)]
+struct TaskState {
+    done: bool,
+    cancelled: bool,
+    must_cancel: bool,
+    cancel_message: Option<Py<PyAny>>,
+    num_cancels_requested: u32,
+    fut_waiter: Option<Py<PyAny>>,
+    /// `(callback, context)` pairs from `add_done_callback`.
+    callbacks: Vec<(Py<PyAny>, Option<Py<PyAny>>)>,
+    name: Option<Py<PyAny>>,
+    /// In the server's registry of suspended tasks.
+    registered: bool,
+}
+
+/// What one step of the coroutine produced.
 enum Step {
     Yielded(Py<PyAny>),
     Returned,
     Raised(PyErr),
 }
 
-impl AppCall {
-    pub(crate) fn new(coro: Py<PyAny>, owner: Owner) -> Self {
-        Self { coro, owner }
+/// An application coroutine driven like an `asyncio.Task`. See the module
+/// docs.
+#[pyclass(
+    frozen,
+    weakref,
+    freelist = 256,
+    module = "skirr._skirr",
+    name = "Task"
+)]
+pub(crate) struct Task {
+    coro: Py<PyAny>,
+    owner: Owner,
+    ctx: Arc<AppContext>,
+    /// The task's `contextvars.Context`.
+    context: Py<PyAny>,
+    st: Mutex<TaskState>,
+}
+
+impl Task {
+    /// Creates the task for `coro` and runs its first step now.
+    ///
+    /// Errors: `TypeError` if `coro` cannot be driven (not a coroutine or
+    /// awaitable), or the error raised while preparing the first step.
+    pub(crate) fn start(
+        py: Python<'_>,
+        ctx: &Arc<AppContext>,
+        coro: Bound<'_, PyAny>,
+        owner: Owner,
+    ) -> PyResult<()> {
+        let coro = awaitable_iterator(coro)?;
+        // SAFETY: attached; returns a new reference or NULL with an error.
+        let context = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_CopyCurrent())? };
+        let task = Bound::new(
+            py,
+            Task {
+                coro: coro.unbind(),
+                owner,
+                ctx: Arc::clone(ctx),
+                context: context.unbind(),
+                st: Mutex::new(TaskState::default()),
+            },
+        )?;
+        Task::step(&task, None, true)
     }
 
-    fn send_inner(&self, py: Python<'_>, value: *mut ffi::PyObject) -> Step {
-        let mut result: *mut ffi::PyObject = ptr::null_mut();
-        // SAFETY: we are attached (we hold `py`); `coro` and `value` are valid
-        // strong or borrowed references for the duration of the call, and
-        // `result` receives a new reference (or NULL with an error set).
-        let status = unsafe { ffi::PyIter_Send(self.coro.as_ptr(), value, &mut result) };
-        match status {
-            ffi::PySendResult::PYGEN_NEXT => {
-                // SAFETY: PYGEN_NEXT returns a new, non-NULL reference.
-                Step::Yielded(unsafe { Bound::from_owned_ptr(py, result) }.unbind())
+    /// One step, as `Task.__step`: throw `exc` (or a pending cancellation)
+    /// into the coroutine, or send `None`; then act on what it produced.
+    /// `enter_context` is false when the loop already runs this callback in
+    /// the task's context (`call_soon`/`add_done_callback` with `context=`).
+    fn step(slf: &Bound<'_, Task>, exc: Option<PyErr>, enter_context: bool) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let aio = asyncio(py)?;
+        let mut exc = exc;
+        {
+            let mut st = this.st.lock();
+            if st.done {
+                return Err(PyErr::from_value(
+                    aio.invalid_state
+                        .bind(py)
+                        .call1(("step(): already done",))?,
+                ));
             }
-            ffi::PySendResult::PYGEN_RETURN => {
-                if !result.is_null() {
-                    // SAFETY: the return value is a new reference we discard.
-                    drop(unsafe { Bound::from_owned_ptr(py, result) });
+            st.fut_waiter = None;
+            if st.must_cancel {
+                st.must_cancel = false;
+                let already = exc
+                    .as_ref()
+                    .is_some_and(|e| e.is_instance(py, aio.cancelled_error.bind(py)));
+                if !already {
+                    let msg = st.cancel_message.as_ref().map(|m| m.clone_ref(py));
+                    drop(st);
+                    let args = match msg {
+                        Some(m) => PyTuple::new(py, [m])?,
+                        None => PyTuple::empty(py),
+                    };
+                    exc = Some(PyErr::from_value(aio.cancelled_error.bind(py).call1(args)?));
                 }
-                Step::Returned
             }
-            ffi::PySendResult::PYGEN_ERROR => Step::Raised(PyErr::fetch(py)),
+        }
+
+        let context = this.context.bind(py);
+        if enter_context {
+            // SAFETY: attached; `context` is a live Context object.
+            if unsafe { ffi::PyContext_Enter(context.as_ptr()) } != 0 {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        let loop_ = this.ctx.event_loop.bind(py);
+        let entered = aio.enter_task.bind(py).call1((loop_, slf));
+        let outcome = match entered {
+            Ok(_) => {
+                let outcome = this.run_coro(py, exc);
+                if let Err(e) = aio.leave_task.bind(py).call1((loop_, slf)) {
+                    this.ctx
+                        .log_error(py, "asyncio _leave_task failed", Some(&e));
+                }
+                outcome
+            }
+            Err(e) => Step::Raised(e),
+        };
+        if enter_context {
+            // SAFETY: attached; exits the context entered above.
+            if unsafe { ffi::PyContext_Exit(context.as_ptr()) } != 0 {
+                PyErr::fetch(py).print(py);
+            }
+        }
+        Task::handle(slf, outcome)
+    }
+
+    fn run_coro(&self, py: Python<'_>, exc: Option<PyErr>) -> Step {
+        let coro = self.coro.bind(py);
+        match exc {
+            None => {
+                let mut result: *mut ffi::PyObject = ptr::null_mut();
+                // SAFETY: attached; `coro` is a live iterator; `result`
+                // receives a new reference (or NULL with an error set).
+                let status =
+                    unsafe { ffi::PyIter_Send(coro.as_ptr(), ffi::Py_None(), &mut result) };
+                match status {
+                    ffi::PySendResult::PYGEN_NEXT => {
+                        // SAFETY: PYGEN_NEXT gives a new, non-NULL reference.
+                        Step::Yielded(unsafe { Bound::from_owned_ptr(py, result) }.unbind())
+                    }
+                    ffi::PySendResult::PYGEN_RETURN => {
+                        if !result.is_null() {
+                            // SAFETY: the return value is a new reference.
+                            drop(unsafe { Bound::from_owned_ptr(py, result) });
+                        }
+                        Step::Returned
+                    }
+                    ffi::PySendResult::PYGEN_ERROR => Step::Raised(PyErr::fetch(py)),
+                }
+            }
+            Some(e) => match coro.call_method1(pyo3::intern!(py, "throw"), (e.into_value(py),)) {
+                Ok(v) => Step::Yielded(v.unbind()),
+                Err(e) if e.is_instance_of::<PyStopIteration>(py) => Step::Returned,
+                Err(e) => Step::Raised(e),
+            },
         }
     }
 
-    /// Reports a step to the owner; returns the value to yield to the Task,
-    /// `None` when the coroutine is finished, or the error to propagate.
-    fn finish_step(&self, py: Python<'_>, step: Step) -> PyResult<Option<Py<PyAny>>> {
-        match step {
-            Step::Yielded(v) => {
-                self.owner.on_suspend(py);
-                Ok(Some(v))
-            }
+    /// Acts on a step's outcome (`Task.__step_run_and_handle_result`).
+    fn handle(slf: &Bound<'_, Task>, outcome: Step) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        match outcome {
             Step::Returned => {
-                self.owner.on_return(py);
-                Ok(None)
+                let cancel = {
+                    let mut st = this.st.lock();
+                    std::mem::take(&mut st.must_cancel)
+                };
+                if cancel {
+                    this.owner.on_cancel(py);
+                } else {
+                    this.owner.on_return(py);
+                }
+                Task::finish(slf, cancel)
             }
             Step::Raised(err) => {
-                let cancelled = err.is_instance(py, cancelled_error(py)?);
+                let cancelled = err.is_instance(py, asyncio(py)?.cancelled_error.bind(py));
                 if cancelled {
-                    // Keep asyncio's cancellation semantics for the Task.
-                    self.owner.on_cancel(py);
-                    Err(err)
+                    this.owner.on_cancel(py);
                 } else {
-                    self.owner.on_error(py, err);
-                    Ok(None)
+                    this.owner.on_error(py, err);
                 }
+                Task::finish(slf, cancelled)
+            }
+            Step::Yielded(value) => {
+                this.owner.on_suspend(py);
+                Task::suspend(slf, value.into_bound(py))
             }
         }
     }
 
-    fn as_method_result(r: PyResult<Option<Py<PyAny>>>) -> PyResult<Py<PyAny>> {
-        match r? {
-            Some(v) => Ok(v),
-            None => Err(PyStopIteration::new_err(())),
+    /// The coroutine yielded `value`: wait for it (a future), or step again
+    /// on the next loop iteration (a bare `yield`).
+    fn suspend(slf: &Bound<'_, Task>, value: Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        this.register(slf);
+        let context = this.context.bind(py);
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(pyo3::intern!(py, "context"), context)?;
+        if value.is_none() {
+            // Bare yield: relinquish control for one loop iteration.
+            let step = slf.getattr(pyo3::intern!(py, "_step"))?;
+            this.ctx
+                .event_loop
+                .bind(py)
+                .call_method("call_soon", (step,), Some(&kwargs))?;
+            return Ok(());
+        }
+        let blocking = value.getattr_opt(pyo3::intern!(py, "_asyncio_future_blocking"))?;
+        let err = match blocking {
+            Some(b) if b.is_truthy()? => {
+                if value.is(slf) {
+                    PyRuntimeError::new_err("Task cannot await on itself")
+                } else {
+                    value.setattr(pyo3::intern!(py, "_asyncio_future_blocking"), false)?;
+                    let wakeup = slf.getattr(pyo3::intern!(py, "_wakeup"))?;
+                    value.call_method(
+                        pyo3::intern!(py, "add_done_callback"),
+                        (wakeup,),
+                        Some(&kwargs),
+                    )?;
+                    let msg = {
+                        let mut st = this.st.lock();
+                        st.fut_waiter = Some(value.clone().unbind());
+                        st.must_cancel
+                            .then(|| st.cancel_message.as_ref().map(|m| m.clone_ref(py)))
+                    };
+                    if let Some(msg) = msg {
+                        // Cancelled during the step: cancel what we wait on.
+                        if value
+                            .call_method1(pyo3::intern!(py, "cancel"), (msg,))?
+                            .is_truthy()?
+                        {
+                            this.st.lock().must_cancel = false;
+                        }
+                    }
+                    return Ok(());
+                }
+            }
+            Some(_) => PyRuntimeError::new_err(format!(
+                "yield was used instead of yield from in task with {}",
+                value.repr()?
+            )),
+            None => PyRuntimeError::new_err(format!("Task got bad yield: {}", value.repr()?)),
+        };
+        // As CPython: deliver the error into the coroutine on the next step.
+        let step = slf.getattr(pyo3::intern!(py, "_step"))?;
+        this.ctx.event_loop.bind(py).call_method(
+            "call_soon",
+            (step, err.into_value(py)),
+            Some(&kwargs),
+        )?;
+        Ok(())
+    }
+
+    /// Marks the task done and schedules its done callbacks.
+    fn finish(slf: &Bound<'_, Task>, cancelled: bool) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let (callbacks, registered) = {
+            let mut st = this.st.lock();
+            st.done = true;
+            st.cancelled = cancelled;
+            st.fut_waiter = None;
+            (
+                std::mem::take(&mut st.callbacks),
+                std::mem::take(&mut st.registered),
+            )
+        };
+        if registered {
+            this.ctx.tasks.lock().remove(&(slf.as_ptr() as usize));
+        }
+        for (cb, context) in callbacks {
+            let kwargs = PyDict::new(py);
+            if let Some(c) = context {
+                kwargs.set_item(pyo3::intern!(py, "context"), c)?;
+            }
+            this.ctx
+                .event_loop
+                .bind(py)
+                .call_method("call_soon", (cb, slf), Some(&kwargs))?;
+        }
+        Ok(())
+    }
+
+    /// Records a task that suspended, so shutdown can cancel it.
+    fn register(&self, slf: &Bound<'_, Task>) {
+        let mut st = self.st.lock();
+        if !st.registered {
+            st.registered = true;
+            drop(st);
+            self.ctx
+                .tasks
+                .lock()
+                .insert(slf.as_ptr() as usize, slf.clone().unbind());
         }
     }
 }
 
+/// An iterator that `PyIter_Send` and `throw` can drive: the coroutine
+/// itself, or `obj.__await__()` for another awaitable.
+fn awaitable_iterator(obj: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
+    let py = obj.py();
+    // SAFETY: type slot lookup on a live object while attached.
+    let native = unsafe {
+        let tp = ffi::Py_TYPE(obj.as_ptr());
+        !(*tp).tp_as_async.is_null() && (*(*tp).tp_as_async).am_send.is_some()
+    };
+    if native || obj.hasattr(pyo3::intern!(py, "__next__"))? {
+        return Ok(obj);
+    }
+    match obj.getattr_opt(pyo3::intern!(py, "__await__"))? {
+        Some(await_) => await_.call0(),
+        None => Err(PyTypeError::new_err(format!(
+            "the ASGI application returned {} instead of a coroutine: \
+             is it an `async def` callable taking (scope, receive, send)?",
+            obj.get_type().name()?
+        ))),
+    }
+}
+
 #[pymethods]
-impl AppCall {
-    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
+impl Task {
+    /// Loop callback: the next step (after a bare `yield`, or to deliver an
+    /// error), run by the loop inside the task's context.
+    #[pyo3(signature = (exc=None))]
+    fn _step(slf: &Bound<'_, Self>, exc: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        Task::step(slf, exc.map(PyErr::from_value), false)
     }
 
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
+    /// Done callback of the future the task waits on (`Task.__wakeup`).
+    fn _wakeup(slf: &Bound<'_, Self>, future: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        match future.call_method0(pyo3::intern!(py, "result")) {
+            Ok(_) => Task::step(slf, None, false),
+            Err(e) => Task::step(slf, Some(e), false),
+        }
     }
 
-    /// `send(None)`: the C Task's fast path (`tp_iternext`).
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        // SAFETY: Py_None is immortal / always valid while attached.
-        let step = self.send_inner(py, unsafe { ffi::Py_None() });
-        self.finish_step(py, step)
-    }
-
-    fn send(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let step = self.send_inner(py, value.as_ptr());
-        Self::as_method_result(self.finish_step(py, step))
-    }
-
-    #[pyo3(signature = (typ, val=None, tb=None))]
-    fn throw(
-        &self,
-        py: Python<'_>,
-        typ: &Bound<'_, PyAny>,
-        val: Option<&Bound<'_, PyAny>>,
-        tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        let coro = self.coro.bind(py);
-        let args = match (val, tb) {
-            (None, None) => PyTuple::new(py, [typ])?,
-            (Some(v), None) => PyTuple::new(py, [typ, v])?,
-            (v, Some(t)) => PyTuple::new(
-                py,
-                [
-                    typ.clone(),
-                    v.cloned().unwrap_or_else(|| py.None().into_bound(py)),
-                    t.clone(),
-                ],
-            )?,
+    /// Requests cancellation, as `asyncio.Task.cancel`.
+    #[pyo3(signature = (msg=None))]
+    fn cancel(&self, py: Python<'_>, msg: Option<Py<PyAny>>) -> PyResult<bool> {
+        let waiter = {
+            let mut st = self.st.lock();
+            if st.done {
+                return Ok(false);
+            }
+            st.num_cancels_requested += 1;
+            st.fut_waiter.as_ref().map(|w| w.clone_ref(py))
         };
-        let step = match coro.call_method1(pyo3::intern!(py, "throw"), args) {
-            Ok(v) => Step::Yielded(v.unbind()),
-            Err(e) if e.is_instance_of::<PyStopIteration>(py) => Step::Returned,
-            Err(e) => Step::Raised(e),
-        };
-        Self::as_method_result(self.finish_step(py, step))
+        if let Some(w) = waiter {
+            let m = msg
+                .as_ref()
+                .map(|m| m.clone_ref(py))
+                .unwrap_or_else(|| py.None());
+            if w.bind(py)
+                .call_method1(pyo3::intern!(py, "cancel"), (m,))?
+                .is_truthy()?
+            {
+                return Ok(true);
+            }
+        }
+        let mut st = self.st.lock();
+        st.must_cancel = true;
+        st.cancel_message = msg;
+        Ok(true)
     }
 
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.coro
-            .bind(py)
-            .call_method0(pyo3::intern!(py, "close"))?;
+    /// Pending cancellation requests (`asyncio.Task.cancelling`).
+    fn cancelling(&self) -> u32 {
+        self.st.lock().num_cancels_requested
+    }
+
+    /// Decrements the pending cancellation requests (`Task.uncancel`).
+    fn uncancel(&self) -> u32 {
+        let mut st = self.st.lock();
+        if st.num_cancels_requested > 0 {
+            st.num_cancels_requested -= 1;
+            if st.num_cancels_requested == 0 {
+                st.must_cancel = false;
+            }
+        }
+        st.num_cancels_requested
+    }
+
+    fn done(&self) -> bool {
+        self.st.lock().done
+    }
+
+    fn cancelled(&self) -> bool {
+        self.st.lock().cancelled
+    }
+
+    /// `None` once done (the server handles the app's errors itself).
+    fn result(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let st = self.st.lock();
+        if !st.done {
+            return Err(PyErr::from_value(
+                asyncio(py)?
+                    .invalid_state
+                    .bind(py)
+                    .call1(("Result is not set.",))?,
+            ));
+        }
+        if st.cancelled {
+            return Err(PyErr::from_value(
+                asyncio(py)?.cancelled_error.bind(py).call0()?,
+            ));
+        }
+        Ok(py.None())
+    }
+
+    fn exception(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.result(py)
+    }
+
+    #[pyo3(signature = (callback, *, context=None))]
+    fn add_done_callback(
+        slf: &Bound<'_, Self>,
+        callback: Py<PyAny>,
+        context: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let this = slf.get();
+        let done = this.st.lock().done;
+        if done {
+            let py = slf.py();
+            let kwargs = PyDict::new(py);
+            if let Some(c) = context {
+                kwargs.set_item("context", c)?;
+            }
+            this.ctx.event_loop.bind(py).call_method(
+                "call_soon",
+                (callback, slf),
+                Some(&kwargs),
+            )?;
+            return Ok(());
+        }
+        this.st.lock().callbacks.push((callback, context));
         Ok(())
     }
 
-    /// The wrapped coroutine (for debuggers and `Task.get_coro()` users).
-    #[getter]
-    fn cr_await(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        Ok(self
+    fn remove_done_callback(&self, py: Python<'_>, callback: &Bound<'_, PyAny>) -> usize {
+        let mut st = self.st.lock();
+        let before = st.callbacks.len();
+        st.callbacks
+            .retain(|(cb, _)| !cb.bind(py).eq(callback).unwrap_or(false));
+        before - st.callbacks.len()
+    }
+
+    fn get_coro(&self, py: Python<'_>) -> Py<PyAny> {
+        self.coro.clone_ref(py)
+    }
+
+    fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
+        self.context.clone_ref(py)
+    }
+
+    fn get_loop(&self, py: Python<'_>) -> Py<PyAny> {
+        self.ctx.event_loop.clone_ref(py)
+    }
+
+    fn get_name(&self, py: Python<'_>) -> Py<PyAny> {
+        match &self.st.lock().name {
+            Some(n) => n.clone_ref(py),
+            None => pyo3::intern!(py, "skirr-request")
+                .clone()
+                .into_any()
+                .unbind(),
+        }
+    }
+
+    fn set_name(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.st.lock().name = Some(value.str()?.into_any().unbind());
+        let _ = py;
+        Ok(())
+    }
+
+    #[pyo3(signature = (*, limit=None))]
+    fn get_stack(&self, py: Python<'_>, limit: Option<usize>) -> PyResult<Py<PyAny>> {
+        let _ = limit;
+        let frame = self
             .coro
             .bind(py)
-            .getattr_opt(pyo3::intern!(py, "cr_await"))?
-            .map(Bound::unbind))
+            .getattr_opt(pyo3::intern!(py, "cr_frame"))?
+            .filter(|f| !f.is_none());
+        Ok(match frame {
+            Some(f) => pyo3::types::PyList::new(py, [f])?.into_any().unbind(),
+            None => pyo3::types::PyList::empty(py).into_any().unbind(),
+        })
+    }
+
+    /// The future the task waits on (anyio reads it).
+    #[getter]
+    fn _fut_waiter(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.st.lock().fut_waiter.as_ref().map(|w| w.clone_ref(py))
+    }
+
+    /// A cancellation waits for the next step (anyio reads it).
+    #[getter]
+    fn _must_cancel(&self) -> bool {
+        self.st.lock().must_cancel
+    }
+
+    #[getter]
+    fn _loop(&self, py: Python<'_>) -> Py<PyAny> {
+        self.ctx.event_loop.clone_ref(py)
+    }
+
+    #[getter]
+    fn _coro(&self, py: Python<'_>) -> Py<PyAny> {
+        self.coro.clone_ref(py)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let inner = self
+        let coro = self
             .coro
             .bind(py)
             .repr()
             .map(|r| r.to_string())
             .unwrap_or_else(|_| "<coroutine>".into());
-        format!("<skirr AppCall {inner}>")
+        let state = if self.st.lock().done {
+            "finished"
+        } else {
+            "pending"
+        };
+        format!("<skirr Task {state} coro={coro}>")
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.coro)?;
+        visit.call(&self.context)?;
+        visit.call(self.owner.as_any())?;
+        if let Some(st) = self.st.try_lock() {
+            visit.call(&st.fut_waiter)?;
+            visit.call(&st.cancel_message)?;
+            visit.call(&st.name)?;
+            for (cb, c) in &st.callbacks {
+                visit.call(cb)?;
+                visit.call(c)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Some(mut st) = self.st.try_lock() {
+            st.fut_waiter = None;
+            st.cancel_message = None;
+            st.callbacks.clear();
+        }
     }
 }
 
-static CANCELLED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-fn cancelled_error(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    CANCELLED
-        .get_or_try_init(py, || {
-            Ok::<_, PyErr>(py.import("asyncio")?.getattr("CancelledError")?.unbind())
-        })
-        .map(|c| c.bind(py))
-}
-
-/// Calls `app(scope, receive, send)` and checks it returned a coroutine.
+/// Calls `app(scope, receive, send)`.
 ///
-/// Errors: whatever the call raises, or `TypeError` naming the app when the
-/// result is not awaitable (an ASGI app must be an `async` callable).
+/// Errors: whatever the call raises.
 pub(crate) fn call_app<'py>(
     py: Python<'py>,
     app: &Bound<'py, PyAny>,
     args: [Bound<'py, PyAny>; 3],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let coro = app.call1(PyTuple::new(py, args)?)?;
-    // SAFETY: type slot lookup on a valid object while attached.
-    let has_send = unsafe {
-        let tp = ffi::Py_TYPE(coro.as_ptr());
-        !(*tp).tp_as_async.is_null() && (*(*tp).tp_as_async).am_send.is_some()
-    };
-    if !has_send && !coro.hasattr(pyo3::intern!(py, "__next__"))? {
-        return Err(PyTypeError::new_err(format!(
-            "the ASGI application returned {} instead of a coroutine: \
-             is it an `async def` callable taking (scope, receive, send)?",
-            coro.get_type().name()?
-        )));
+    app.call1(PyTuple::new(py, args)?)
+}
+
+/// Cancels every suspended task (at shutdown); returns how many.
+pub(crate) fn cancel_all(py: Python<'_>, ctx: &AppContext) -> usize {
+    let tasks: Vec<Py<Task>> = ctx.tasks.lock().values().map(|t| t.clone_ref(py)).collect();
+    let n = tasks.len();
+    for t in tasks {
+        let _ = t.get().cancel(py, None);
     }
-    Ok(coro)
+    n
 }

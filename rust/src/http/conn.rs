@@ -8,18 +8,20 @@
 //! it lazily: the clock is read only on phase changes and when the timer
 //! fires, never per byte.
 
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_util::sync::CancellationToken;
 
 use crate::http::service;
 use crate::server::Shared;
@@ -194,20 +196,110 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for TrackedIo<I> {
     }
 }
 
-/// Serves one connection until it closes, times out, or the server stops.
-///
-/// `drain` asks for a graceful close (finish the in-flight response, then
-/// close); `abort` drops the connection at once.
+/// What the server asks of a connection.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub(crate) enum Order {
+    Serve = 0,
+    /// Finish the in-flight response, then close.
+    Drain = 1,
+    /// Close at once.
+    Abort = 2,
+}
+
+/// A connection's stop signal: an atomic the connection reads when polled
+/// (one load per wake, instead of polling cancellation futures), plus its
+/// task's waker so the server can wake it when the order changes.
+#[derive(Default)]
+struct ConnSignal {
+    order: AtomicU8,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl ConnSignal {
+    fn order(&self) -> Order {
+        match self.order.load(Ordering::Acquire) {
+            0 => Order::Serve,
+            1 => Order::Drain,
+            _ => Order::Abort,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    order: u8,
+    live: HashMap<u64, Arc<ConnSignal>>,
+}
+
+/// Every live connection of a worker, so that a drain or an abort reaches
+/// each of them. Touched once when a connection opens and once when it
+/// closes; never per request.
+#[derive(Default)]
+pub(crate) struct Connections {
+    inner: Mutex<Registry>,
+}
+
+/// A connection's membership in [`Connections`]; leaves on drop.
+struct Member<'a> {
+    conns: &'a Connections,
+    id: u64,
+    signal: Arc<ConnSignal>,
+}
+
+impl Drop for Member<'_> {
+    fn drop(&mut self) {
+        self.conns.inner.lock().live.remove(&self.id);
+    }
+}
+
+impl Connections {
+    fn join(&self) -> Member<'_> {
+        let mut r = self.inner.lock();
+        r.next += 1;
+        let id = r.next;
+        let signal = Arc::new(ConnSignal {
+            order: AtomicU8::new(r.order),
+            waker: Mutex::new(None),
+        });
+        r.live.insert(id, Arc::clone(&signal));
+        Member {
+            conns: self,
+            id,
+            signal,
+        }
+    }
+
+    /// Sends an order to every connection, current and future.
+    pub(crate) fn order_all(&self, order: Order) {
+        let mut r = self.inner.lock();
+        r.order = r.order.max(order as u8);
+        for signal in r.live.values() {
+            signal.order.fetch_max(order as u8, Ordering::AcqRel);
+            if let Some(w) = signal.waker.lock().take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// How many connections are open.
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().live.len()
+    }
+}
+
+/// Serves one connection until it closes, times out, or the server orders
+/// it to stop (see [`Connections::order_all`]).
 pub(crate) async fn serve<I>(
     io: I,
     shared: Arc<Shared>,
     listener: Arc<ListenerInfo>,
     peer: Option<SocketAddr>,
-    drain: CancellationToken,
-    abort: CancellationToken,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let member = shared.connections.join();
     let ctx = Arc::new(ConnCtx {
         shared: Arc::clone(&shared),
         listener,
@@ -228,34 +320,47 @@ pub(crate) async fn serve<I>(
     let header = shared.config.header_read_timeout;
     let first = clock_ms() + header.min(keepalive).as_millis() as u64;
     let mut timer = pin!(tokio::time::sleep_until(deadline_at(first)));
-    // Created once: a `cancelled()` future re-created per wake would
-    // re-register with the token on every poll of this connection.
-    let mut drained = pin!(drain.cancelled());
-    let mut aborted = pin!(abort.cancelled());
+    let mut registered = false;
     let mut draining = false;
-    loop {
-        tokio::select! {
-            biased;
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    tracing::debug!("connection from {:?} ended: {e}", peer);
-                }
-                break;
-            }
-            _ = &mut aborted => break,
-            _ = &mut drained, if !draining => {
+    let mut timer_armed = false;
+    let end = poll_fn(|cx| {
+        if !registered {
+            // A Tokio task's waker stays valid for the task's life.
+            *member.signal.waker.lock() = Some(cx.waker().clone());
+            registered = true;
+        }
+        match member.signal.order() {
+            Order::Abort => return Poll::Ready("server abort"),
+            Order::Drain if !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = &mut timer => match ctx.activity.check(keepalive, header) {
-                Ok(next) => timer.as_mut().reset(deadline_at(next)),
-                Err(reason) => {
-                    tracing::debug!("closing connection from {:?}: {reason}", peer);
-                    break;
-                }
-            },
+            _ => {}
         }
-    }
+        if let Poll::Ready(res) = conn.as_mut().poll(cx) {
+            if let Err(e) = res {
+                tracing::debug!("connection from {:?} ended: {e}", peer);
+            }
+            return Poll::Ready("closed");
+        }
+        // The timer is polled only to (re)arm it or once it has fired; an
+        // ordinary wake costs one atomic load here.
+        if !timer_armed || timer.is_elapsed() {
+            if timer_armed {
+                match ctx.activity.check(keepalive, header) {
+                    Ok(next) => timer.as_mut().reset(deadline_at(next)),
+                    Err(reason) => return Poll::Ready(reason),
+                }
+            }
+            timer_armed = true;
+            if timer.as_mut().poll(cx).is_ready() {
+                cx.waker().wake_by_ref();
+            }
+        }
+        Poll::Pending
+    })
+    .await;
+    tracing::debug!("connection from {:?} done: {end}", peer);
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use http::header::{HeaderName, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyString};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString, PyTuple};
 
 use crate::bridge::names::names;
 
@@ -109,16 +109,88 @@ pub(crate) fn message_type<'py>(
 
 /// Compares an interned name with a message type, pointer first.
 pub(crate) fn is(t: &Bound<'_, PyString>, name: &Py<PyString>) -> bool {
-    t.as_ptr() == name.as_ptr()
-        || t.to_str()
-            .is_ok_and(|s| s == name.bind(t.py()).to_str().unwrap_or(""))
+    t.as_ptr() == name.as_ptr() || t.to_str().ok() == name.bind(t.py()).to_str().ok()
 }
 
-/// Parses the `headers` of a start message into a `HeaderMap`.
+/// One `(name, value)` header pair into `map`.
 ///
 /// `Transfer-Encoding` is dropped: the server owns message framing (it picks
 /// `Content-Length`, chunked, or close-delimited per RFC 9112 §6).
+fn add_header(
+    map: &mut HeaderMap,
+    name: &Bound<'_, PyAny>,
+    value: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<()> {
+    let name = name.cast::<PyBytes>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} header names must be bytes, got {}",
+            type_name(name)
+        ))
+    })?;
+    let value = value.cast::<PyBytes>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} header values must be bytes, got {} for header {:?}",
+            type_name(value),
+            String::from_utf8_lossy(name.as_bytes())
+        ))
+    })?;
+    let hn = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+        PyRuntimeError::new_err(format!(
+            "{what} has an invalid header name {:?}",
+            String::from_utf8_lossy(name.as_bytes())
+        ))
+    })?;
+    let hv = HeaderValue::from_bytes(value.as_bytes()).map_err(|_| {
+        PyRuntimeError::new_err(format!(
+            "{what} header {:?} has an invalid value (control characters such as CR, LF \
+             or NUL are not allowed)",
+            hn.as_str()
+        ))
+    })?;
+    if hn != TRANSFER_ENCODING {
+        map.append(hn, hv);
+    }
+    Ok(())
+}
+
+fn not_a_pair(what: &str) -> PyErr {
+    PyTypeError::new_err(format!(
+        "{what} 'headers' items must be [name, value] pairs of exactly two byte strings"
+    ))
+}
+
+/// One header item: a 2-tuple (fast path) or any 2-item iterable.
+fn add_item(map: &mut HeaderMap, item: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if let Ok(t) = item.cast::<PyTuple>() {
+        if t.len() != 2 {
+            return Err(not_a_pair(what));
+        }
+        let (name, value) = (t.get_borrowed_item(0)?, t.get_borrowed_item(1)?);
+        return add_header(map, &name, &value, what);
+    }
+    let mut pair = item.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} 'headers' items must be [name, value] pairs, got {}",
+            type_name(item)
+        ))
+    })?;
+    let (Some(name), Some(value), None) = (pair.next(), pair.next(), pair.next()) else {
+        return Err(not_a_pair(what));
+    };
+    add_header(map, &name?, &value?, what)
+}
+
+/// Parses the `headers` of a start message into a `HeaderMap`: a list
+/// (fast path) or any iterable of `[name, value]` byte-string pairs.
 pub(crate) fn parse_headers(v: &Bound<'_, PyAny>, what: &str) -> PyResult<HeaderMap> {
+    if let Ok(list) = v.cast::<PyList>() {
+        let mut map = HeaderMap::with_capacity(list.len());
+        for item in list.iter() {
+            add_item(&mut map, &item, what)?;
+        }
+        return Ok(map);
+    }
     let mut map = HeaderMap::new();
     for item in v.try_iter().map_err(|_| {
         PyTypeError::new_err(format!(
@@ -126,49 +198,7 @@ pub(crate) fn parse_headers(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Header
             type_name(v)
         ))
     })? {
-        let item = item?;
-        let mut pair = item.try_iter().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{what} 'headers' items must be [name, value] pairs, got {}",
-                type_name(&item)
-            ))
-        })?;
-        let (Some(name), Some(value), None) = (pair.next(), pair.next(), pair.next()) else {
-            return Err(PyTypeError::new_err(format!(
-                "{what} 'headers' items must be [name, value] pairs of exactly two byte strings"
-            )));
-        };
-        let (name, value) = (name?, value?);
-        let name = name.cast::<PyBytes>().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{what} header names must be bytes, got {}",
-                type_name(&name)
-            ))
-        })?;
-        let value = value.cast::<PyBytes>().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{what} header values must be bytes, got {} for header {:?}",
-                type_name(&value),
-                String::from_utf8_lossy(name.as_bytes())
-            ))
-        })?;
-        let hn = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-            PyRuntimeError::new_err(format!(
-                "{what} has an invalid header name {:?}",
-                String::from_utf8_lossy(name.as_bytes())
-            ))
-        })?;
-        let hv = HeaderValue::from_bytes(value.as_bytes()).map_err(|_| {
-            PyRuntimeError::new_err(format!(
-                "{what} header {:?} has an invalid value (control characters such as CR, LF \
-                 or NUL are not allowed)",
-                hn.as_str()
-            ))
-        })?;
-        if hn == TRANSFER_ENCODING {
-            continue;
-        }
-        map.append(hn, hv);
+        add_item(&mut map, &item?, what)?;
     }
     Ok(map)
 }
@@ -181,18 +211,20 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
     let py = message.py();
     let n = names(py);
     let (d, t) = message_type(message)?;
-    if is(&t, &n.http_response_body) {
+    let kind = t.to_str().unwrap_or("");
+    if kind == "http.response.body" {
         let body = match d.get_item(n.body.bind(py))? {
             Some(b) => body_bytes(&b, "http.response.body 'body'")?,
             None => Bytes::new(),
         };
         let more_body = match d.get_item(n.more_body.bind(py))? {
+            Some(m) if m.is(&*pyo3::types::PyBool::new(py, false)) => false,
             Some(m) => m.is_truthy()?,
             None => false,
         };
         return Ok(HttpSend::Body { body, more_body });
     }
-    if is(&t, &n.http_response_start) {
+    if kind == "http.response.start" {
         const WHAT: &str = "http.response.start";
         let status = d
             .get_item(n.status.bind(py))?

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use crate::bridge::context::AppContext;
-use crate::bridge::task::{call_app, AppCall, Owner};
+use crate::bridge::task::{call_app, Owner, Task};
 use crate::http::protocol::HttpProtocol;
 use crate::http::service::HttpRequest;
 
@@ -58,11 +58,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;
         let send = b.getattr(pyo3::intern!(py, "send"))?;
         let coro = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])?;
-        let call = Bound::new(
-            py,
-            AppCall::new(coro.unbind(), Owner::Http(proto.clone_ref(py))),
-        )?;
-        ctx.spawn(py, call.into_any())
+        Task::start(py, ctx, coro, Owner::Http(proto.clone_ref(py)))
     };
     if let Err(e) = run() {
         proto.get().on_error(py, e);

@@ -11,7 +11,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::bridge::awaitable::{done, ready};
+use crate::bridge::awaitable::ready;
 use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
@@ -353,7 +353,7 @@ impl HttpProtocol {
                 }
                 st.held = Some((status, headers));
                 st.phase = Phase::Held;
-                done(py)
+                self.ctx.done(py)
             }
             HttpSend::Body { body, more_body } => {
                 match st.phase {
@@ -389,7 +389,7 @@ impl HttpProtocol {
                             shared,
                         );
                         self.finish(py, &mut st);
-                        return done(py);
+                        return self.ctx.done(py);
                     }
                     st.phase = Phase::Streaming;
                     self.exch.respond(
@@ -404,17 +404,17 @@ impl HttpProtocol {
                 let full = self.exch.push_out(body, !more_body, shared);
                 if !more_body {
                     self.finish(py, &mut st);
-                    return done(py);
+                    return self.ctx.done(py);
                 }
                 if !full {
-                    return done(py);
+                    return self.ctx.done(py);
                 }
                 // Over the send buffer: wait until the client drains it.
                 let fut = self.ctx.create_future(py)?;
                 let mut ex = self.exch.lock();
                 if ex.gone || ex.out_bytes < shared.config.send_buffer {
                     drop(ex);
-                    return done(py);
+                    return self.ctx.done(py);
                 }
                 ex.send_waiter = Some(fut.clone().unbind());
                 Ok(fut)

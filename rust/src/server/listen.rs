@@ -64,12 +64,11 @@ impl StdListener {
     }
 }
 
-/// Tokens that end connections: `drain` gracefully, `abort` at once.
+/// Where connection tasks are tracked (to wait for them at shutdown) and
+/// the connection limit.
 #[derive(Clone)]
 pub(crate) struct ConnControl {
     pub(crate) tracker: TaskTracker,
-    pub(crate) drain: CancellationToken,
-    pub(crate) abort: CancellationToken,
     pub(crate) limit: Option<Arc<Semaphore>>,
 }
 
@@ -119,9 +118,9 @@ pub(crate) async fn accept_loop(
             L::Tcp(t) => tokio::select! {
                 r = t.accept() => r.map(|(s, peer)| {
                     let _ = s.set_nodelay(true);
-                    let (shared, info, c) = (Arc::clone(&shared), Arc::clone(&info), control.clone());
+                    let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
                     control.tracker.spawn(async move {
-                        conn::serve(s, shared, info, Some(peer), c.drain, c.abort).await;
+                        conn::serve(s, shared, info, Some(peer)).await;
                         drop(permit);
                     });
                 }),
@@ -129,9 +128,9 @@ pub(crate) async fn accept_loop(
             },
             L::Unix(u) => tokio::select! {
                 r = u.accept() => r.map(|(s, _)| {
-                    let (shared, info, c) = (Arc::clone(&shared), Arc::clone(&info), control.clone());
+                    let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
                     control.tracker.spawn(async move {
-                        conn::serve(s, shared, info, None, c.drain, c.abort).await;
+                        conn::serve(s, shared, info, None).await;
                         drop(permit);
                     });
                 }),

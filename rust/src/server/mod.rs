@@ -19,6 +19,7 @@ use crate::bridge::queue::{Event, PyQueue};
 use crate::bridge::wake::Wakeups;
 use crate::config::Config;
 use crate::errors::StartupFailed;
+use crate::http::conn::Connections;
 use crate::lifespan::{self, LifespanProtocol};
 use crate::logging;
 
@@ -41,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) http1: http1::Builder,
     dispatched: AtomicU64,
     stop: watch::Sender<Option<Stop>>,
+    /// Every open connection (for drain and abort).
+    pub(crate) connections: Connections,
 }
 
 impl Shared {
@@ -59,6 +62,7 @@ impl Shared {
             http1: h1,
             dispatched: AtomicU64::new(0),
             stop: watch::channel(None).0,
+            connections: Connections::default(),
         })
     }
 
@@ -234,6 +238,18 @@ impl Server {
             Err(run::RunError::Startup(msg)) => Err(StartupFailed::new_err(msg)),
             Err(run::RunError::Io(e)) => Err(e.into()),
         }
+    }
+
+    /// Cancels every application task still suspended (at shutdown, on the
+    /// asyncio thread); returns how many were cancelled.
+    fn cancel_tasks(&self, py: Python<'_>) -> usize {
+        crate::bridge::task::cancel_all(py, &self.ctx)
+    }
+
+    /// Application tasks suspended and not yet finished.
+    #[getter]
+    fn pending_tasks(&self) -> usize {
+        self.ctx.tasks.lock().len()
     }
 
     /// Asks a running server to stop: gracefully, or at once if `quick`.

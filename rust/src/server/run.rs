@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bridge::queue::Event;
+use crate::http::conn::Order;
 use crate::lifespan;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
 use crate::server::{Shared, Stop};
@@ -121,8 +122,6 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     let cfg = &shared.config;
     let control = ConnControl {
         tracker: TaskTracker::new(),
-        drain: CancellationToken::new(),
-        abort: CancellationToken::new(),
         limit: (cfg.max_connections > 0).then(|| Arc::new(Semaphore::new(cfg.max_connections))),
     };
     let stop_accept = CancellationToken::new();
@@ -151,14 +150,14 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     let quick = match stop {
         Stop::Quick(_) => true,
         Stop::Graceful(_) => {
-            control.drain.cancel();
+            shared.connections.order_all(Order::Drain);
             tokio::select! {
                 _ = control.tracker.wait() => false,
                 _ = tokio::time::sleep(cfg.graceful_timeout) => {
                     tracing::warn!(
                         "graceful timeout ({:?}) reached: closing {} connection(s)",
                         cfg.graceful_timeout,
-                        control.tracker.len()
+                        shared.connections.len()
                     );
                     false
                 }
@@ -166,7 +165,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
             }
         }
     };
-    control.abort.cancel();
+    shared.connections.order_all(Order::Abort);
     let _ = tokio::time::timeout(ABORT_GRACE, control.tracker.wait()).await;
 
     if lifespan_running && !quick {
