@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use http::{Method, Version};
 use percent_encoding::percent_decode_str;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -65,6 +66,17 @@ pub(crate) fn headers<'py>(py: Python<'py>, map: &http::HeaderMap) -> PyResult<B
     Ok(list)
 }
 
+/// `d[key] = value` with an interned key, straight to `PyDict_SetItem`.
+#[inline]
+fn put<T>(d: &Bound<'_, PyDict>, key: &Py<PyString>, value: &Bound<'_, T>) -> PyResult<()> {
+    // SAFETY: attached; the dict, key and value are live objects and
+    // `PyDict_SetItem` takes its own references.
+    if unsafe { ffi::PyDict_SetItem(d.as_ptr(), key.as_ptr(), value.as_ptr()) } != 0 {
+        return Err(PyErr::fetch(d.py()));
+    }
+    Ok(())
+}
+
 /// The scope of an HTTP request.
 pub(crate) fn http_scope<'py>(
     py: Python<'py>,
@@ -80,15 +92,15 @@ pub(crate) fn http_scope<'py>(
         Version::HTTP_2 => &n.v2,
         _ => &n.v1_1,
     };
-    scope.set_item(n.http_version.bind(py), version.bind(py))?;
-    scope.set_item(n.method.bind(py), method(py, n, &p.method))?;
-    scope.set_item(n.scheme.bind(py), n.http.bind(py))?;
+    put(&scope, &n.http_version, &version.bind(py))?;
+    put(&scope, &n.method, &method(py, n, &p.method))?;
+    put(&scope, &n.scheme, &n.http.bind(py))?;
 
     let raw = p.uri.path();
     let decoded = decode_path(raw);
     if ctx.root_path.is_empty() {
-        scope.set_item(n.path.bind(py), PyString::new(py, &decoded))?;
-        scope.set_item(n.raw_path.bind(py), PyBytes::new(py, raw.as_bytes()))?;
+        put(&scope, &n.path, &PyString::new(py, &decoded))?;
+        put(&scope, &n.raw_path, &PyBytes::new(py, raw.as_bytes()))?;
     } else {
         let root = &ctx.root_path;
         scope.set_item(
@@ -98,11 +110,11 @@ pub(crate) fn http_scope<'py>(
         let mut raw_path = Vec::with_capacity(root.len() + raw.len());
         raw_path.extend_from_slice(root.as_bytes());
         raw_path.extend_from_slice(raw.as_bytes());
-        scope.set_item(n.raw_path.bind(py), PyBytes::new(py, &raw_path))?;
+        put(&scope, &n.raw_path, &PyBytes::new(py, &raw_path))?;
     }
     let query = p.uri.query().unwrap_or("");
-    scope.set_item(n.query_string.bind(py), PyBytes::new(py, query.as_bytes()))?;
-    scope.set_item(n.headers.bind(py), headers(py, &p.headers)?)?;
+    put(&scope, &n.query_string, &PyBytes::new(py, query.as_bytes()))?;
+    put(&scope, &n.headers, &headers(py, &p.headers)?)?;
 
     let conn = &req.conn;
     let client = match conn.peer {
@@ -116,7 +128,7 @@ pub(crate) fn http_scope<'py>(
         },
         None => py.None().into_bound(py),
     };
-    scope.set_item(n.client.bind(py), client)?;
+    put(&scope, &n.client, &client)?;
     let server = match conn.listener.py_server.get() {
         Some(s) => s.bind(py).clone(),
         None => {
@@ -125,9 +137,9 @@ pub(crate) fn http_scope<'py>(
             s
         }
     };
-    scope.set_item(n.server.bind(py), server)?;
-    scope.set_item(n.state.bind(py), ctx.state.bind(py).copy()?)?;
-    scope.set_item(n.extensions.bind(py), PyDict::new(py))?;
+    put(&scope, &n.server, &server)?;
+    put(&scope, &n.state, &ctx.state.bind(py).copy()?)?;
+    put(&scope, &n.extensions, &PyDict::new(py))?;
     Ok(scope)
 }
 

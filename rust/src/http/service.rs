@@ -128,10 +128,12 @@ pub(crate) async fn handle(
     let shared = &*conn.shared;
     shared.count_request();
     let (parts, mut body) = req.into_parts();
-    let expect_continue = expects_continue(&parts);
+    let bodyless = body.is_end_stream();
+    // `Expect` only matters for a request with a body.
+    let expect_continue = !bodyless && expects_continue(&parts);
 
     let prefetch = shared.config.body_prefetch as u64;
-    let (exch, mut incoming) = if body.is_end_stream() {
+    let (exch, mut incoming) = if bodyless {
         (Arc::new(Exchange::with_complete_body(Bytes::new())), None)
     } else {
         match body.size_hint().exact() {
