@@ -92,9 +92,9 @@ pub(crate) fn http_scope<'py>(
         Version::HTTP_2 => &n.v2,
         _ => &n.v1_1,
     };
-    put(&scope, &n.http_version, &version.bind(py))?;
+    put(&scope, &n.http_version, version.bind(py))?;
     put(&scope, &n.method, &method(py, n, &p.method))?;
-    put(&scope, &n.scheme, &n.http.bind(py))?;
+    put(&scope, &n.scheme, n.http.bind(py))?;
 
     let raw = p.uri.path();
     let decoded = decode_path(raw);
