@@ -32,6 +32,16 @@ for v in $PYTHONS; do
     [ -n "$first" ] || first=$venv
 done
 
+echo "== Autobahn TestSuite (CPython 2.7 virtualenv)"
+py27=$(find_python 2.7) || { echo "tests/run.sh: CPython 2.7 not found (needed by Autobahn)" >&2; exit 1; }
+ab=".venv-test/autobahn"
+if [ ! -x "$ab/bin/wstest" ]; then
+    "$py27" -m pip install -q "virtualenv==20.15.1"
+    "$py27" -m virtualenv -q "$ab"
+    "$ab/bin/pip" install -q autobahntestsuite
+fi
+export SKIRR_WSTEST="$PWD/$ab/bin/wstest"
+
 echo "== Rust: fmt, clippy, unit tests"
 export PYO3_PYTHON="$PWD/$first/bin/python"
 cargo fmt --all --check

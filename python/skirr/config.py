@@ -132,6 +132,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("body_chunk_size", 65536, _pos_int, "largest body chunk handed to the app in one http.request (bytes)"),
     Option("body_buffer", 262144, _pos_int, "request body read ahead of the app before reading pauses (bytes)"),
     Option("send_buffer", 262144, _pos_int, "response body queued before send() waits for the client (bytes)"),
+    Option(
+        "ws_max_message_size",
+        16 * 1024 * 1024,
+        _pos_int,
+        "largest WebSocket message accepted; larger ones close with 1009 (bytes)",
+    ),
+    Option("ws_ping_interval", 20.0, _seconds, "server pings idle WebSockets this often (seconds; 0: never)"),
+    Option("ws_ping_timeout", 20.0, _seconds, "an unanswered ping closes the WebSocket with 1011 after (seconds)"),
+    Option("ws_max_queue", 32, _pos_int, "WebSocket messages queued per direction before reading or send() waits"),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -63,6 +63,17 @@ pub struct Config {
     pub sigint_graceful: bool,
     /// Emit one access-log line per request.
     pub access_log: bool,
+    /// Largest WebSocket message accepted; larger ones close the connection
+    /// with 1009. Default 16 MiB.
+    pub ws_max_message_size: usize,
+    /// Server pings every this long on idle WebSockets; zero disables.
+    /// Default 20 s.
+    pub ws_ping_interval: Duration,
+    /// A ping unanswered this long closes the connection (1011). Default 20 s.
+    pub ws_ping_timeout: Duration,
+    /// Messages queued per direction before reading (client → app) or
+    /// `send()` (app → client) waits. Default 32.
+    pub ws_max_queue: usize,
 }
 
 impl Default for Config {
@@ -84,6 +95,10 @@ impl Default for Config {
             parent_pid: None,
             sigint_graceful: true,
             access_log: false,
+            ws_max_message_size: 16 << 20,
+            ws_ping_interval: Duration::from_secs(20),
+            ws_ping_timeout: Duration::from_secs(20),
+            ws_max_queue: 32,
         }
     }
 }
@@ -145,6 +160,10 @@ impl Config {
                 "parent_pid" => c.parent_pid = v.extract()?,
                 "sigint_graceful" => c.sigint_graceful = v.extract()?,
                 "access_log" => c.access_log = v.extract()?,
+                "ws_max_message_size" => c.ws_max_message_size = count::<usize>(&v, key)?.max(1),
+                "ws_ping_interval" => c.ws_ping_interval = secs(&v, key)?,
+                "ws_ping_timeout" => c.ws_ping_timeout = secs(&v, key)?,
+                "ws_max_queue" => c.ws_max_queue = count::<usize>(&v, key)?.max(1),
                 other => {
                     return Err(PyValueError::new_err(format!(
                         "unknown server option {other:?}"

@@ -15,6 +15,7 @@ mod lifespan;
 mod logging;
 mod runtime;
 mod server;
+mod websocket;
 
 use pyo3::prelude::*;
 

@@ -33,6 +33,8 @@ pub(crate) struct AppContext {
     /// A prebuilt HTTP scope with every key present: copying it and
     /// replacing values never resizes the dict.
     pub(crate) http_template: Py<PyDict>,
+    /// The same for WebSocket scopes.
+    pub(crate) ws_template: Py<PyDict>,
     /// `scope["asgi"]` for lifespan scopes.
     pub(crate) asgi_lifespan: Py<PyDict>,
     /// The lifespan state namespace; each request gets a shallow copy.
@@ -86,6 +88,10 @@ impl AppContext {
         for key in [&n.headers, &n.client, &n.server, &n.state, &n.extensions] {
             t.set_item(key.bind(py), &none)?;
         }
+        let ws_template = t.copy()?;
+        ws_template.set_item(n.type_.bind(py), n.websocket.bind(py))?;
+        ws_template.del_item(n.method.bind(py))?;
+        ws_template.set_item(n.subprotocols.bind(py), &none)?;
 
         let create_future = lp.getattr("create_future")?;
         let done = create_future.call0()?;
@@ -98,6 +104,7 @@ impl AppContext {
             done: done.unbind(),
             tasks: Mutex::new(HashMap::new()),
             http_template: t.unbind(),
+            ws_template: ws_template.unbind(),
             asgi_lifespan: asgi_lifespan.unbind(),
             state: PyDict::new(py).unbind(),
             root_path,

@@ -41,8 +41,11 @@ names! {
     server = "server",
     state = "state",
     extensions = "extensions",
+    subprotocols = "subprotocols",
     // scope values
     http = "http",
+    websocket = "websocket",
+    ws = "ws",
     lifespan = "lifespan",
     v1_0 = "1.0",
     v1_1 = "1.1",

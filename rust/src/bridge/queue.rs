@@ -17,6 +17,8 @@ use crate::http::exchange::Exchange;
 use crate::http::service::HttpRequest;
 use crate::lifespan::LifespanCommand;
 use crate::logging::LogRecord;
+use crate::websocket::service::WsRequest;
+use crate::websocket::shared::WsShared;
 
 /// Most log records waiting for the asyncio thread; further records are
 /// counted and reported in one line once the queue drains.
@@ -33,6 +35,10 @@ pub(crate) enum Event {
     /// An exchange has news for a Python waiter (body data, space for a
     /// response chunk, or the client went away).
     Wake(Arc<Exchange>),
+    /// A WebSocket handshake: build its scope and start the application.
+    WebSocket(Box<WsRequest>),
+    /// A WebSocket has news for a Python waiter.
+    WsWake(Arc<WsShared>),
     /// Start or stop the lifespan protocol.
     Lifespan(LifespanCommand),
     /// A log line from a Tokio thread, to be written through Python logging.

@@ -46,10 +46,12 @@ use pyo3::PyTraverseError;
 use crate::bridge::context::AppContext;
 use crate::http::protocol::HttpProtocol;
 use crate::lifespan::LifespanProtocol;
+use crate::websocket::protocol::WebSocketProtocol;
 
 /// Who gets told about the coroutine's steps.
 pub(crate) enum Owner {
     Http(Py<HttpProtocol>),
+    WebSocket(Py<WebSocketProtocol>),
     Lifespan(Py<LifespanProtocol>),
 }
 
@@ -63,6 +65,7 @@ impl Owner {
     fn on_return(&self, py: Python<'_>) {
         match self {
             Owner::Http(p) => p.get().on_return(py),
+            Owner::WebSocket(p) => p.get().on_return(py),
             Owner::Lifespan(p) => p.get().on_return(py),
         }
     }
@@ -70,6 +73,7 @@ impl Owner {
     fn on_error(&self, py: Python<'_>, err: PyErr) {
         match self {
             Owner::Http(p) => p.get().on_error(py, err),
+            Owner::WebSocket(p) => p.get().on_error(py, err),
             Owner::Lifespan(p) => p.get().on_error(py, err),
         }
     }
@@ -79,6 +83,7 @@ impl Owner {
     fn on_cancel(&self, py: Python<'_>) {
         match self {
             Owner::Http(p) => p.get().on_cancel(py),
+            Owner::WebSocket(p) => p.get().on_cancel(py),
             Owner::Lifespan(p) => p.get().on_return(py),
         }
     }
@@ -86,6 +91,7 @@ impl Owner {
     fn as_any(&self) -> &Py<PyAny> {
         match self {
             Owner::Http(p) => p.as_any(),
+            Owner::WebSocket(p) => p.as_any(),
             Owner::Lifespan(p) => p.as_any(),
         }
     }

@@ -22,6 +22,7 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::http::service;
 use crate::server::Shared;
@@ -49,6 +50,10 @@ pub(crate) struct ConnCtx {
     /// `scope["client"]`, built once on the asyncio thread.
     pub(crate) py_client: OnceLock<Py<PyAny>>,
     pub(crate) activity: Activity,
+    /// This connection's slot under the connection limit; held for as long
+    /// as anything (the connection task, or a WebSocket it became) keeps
+    /// the context alive.
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
 /// `CLOCK_MONOTONIC_COARSE` in milliseconds: read once per request, so the
@@ -210,10 +215,13 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for TrackedIo<I> {
 #[repr(u8)]
 pub(crate) enum Order {
     Serve = 0,
-    /// Finish the in-flight response, then close.
+    /// Finish the in-flight response, then close. Open WebSockets carry on.
     Drain = 1,
+    /// The drain deadline passed: WebSockets send close 1001 ("going
+    /// away"); HTTP connections close at once.
+    GoingAway = 2,
     /// Close at once.
-    Abort = 2,
+    Abort = 3,
 }
 
 /// A connection's stop signal: an atomic the connection reads when polled
@@ -230,6 +238,7 @@ impl ConnSignal {
         match self.order.load(Ordering::Acquire) {
             0 => Order::Serve,
             1 => Order::Drain,
+            2 => Order::GoingAway,
             _ => Order::Abort,
         }
     }
@@ -251,10 +260,23 @@ pub(crate) struct Connections {
 }
 
 /// A connection's membership in [`Connections`]; leaves on drop.
-struct Member<'a> {
+pub(crate) struct Member<'a> {
     conns: &'a Connections,
     id: u64,
     signal: Arc<ConnSignal>,
+}
+
+impl Member<'_> {
+    /// The current order for this connection.
+    pub(crate) fn order(&self) -> Order {
+        self.signal.order()
+    }
+
+    /// Stores the task's waker so an order can wake it (call once: a Tokio
+    /// task's waker stays valid for the task's life).
+    pub(crate) fn register(&self, waker: &Waker) {
+        *self.signal.waker.lock() = Some(waker.clone());
+    }
 }
 
 impl Drop for Member<'_> {
@@ -264,7 +286,8 @@ impl Drop for Member<'_> {
 }
 
 impl Connections {
-    fn join(&self) -> Member<'_> {
+    /// Registers a connection (HTTP or WebSocket) for the server's orders.
+    pub(crate) fn join(&self) -> Member<'_> {
         let mut r = self.inner.lock();
         r.next += 1;
         let id = r.next;
@@ -286,8 +309,9 @@ impl Connections {
         r.order = r.order.max(order as u8);
         for signal in r.live.values() {
             signal.order.fetch_max(order as u8, Ordering::AcqRel);
-            if let Some(w) = signal.waker.lock().take() {
-                w.wake();
+            // Wake by reference: a later order must be able to wake it too.
+            if let Some(w) = signal.waker.lock().as_ref() {
+                w.wake_by_ref();
             }
         }
     }
@@ -305,6 +329,7 @@ pub(crate) async fn serve<I>(
     shared: Arc<Shared>,
     listener: Arc<ListenerInfo>,
     peer: Option<SocketAddr>,
+    permit: Option<OwnedSemaphorePermit>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -315,6 +340,7 @@ pub(crate) async fn serve<I>(
         peer,
         py_client: OnceLock::new(),
         activity: Activity::new(),
+        _permit: permit,
     });
     let svc = {
         let ctx = Arc::clone(&ctx);
@@ -334,12 +360,11 @@ pub(crate) async fn serve<I>(
     let mut timer_armed = false;
     let end = poll_fn(|cx| {
         if !registered {
-            // A Tokio task's waker stays valid for the task's life.
-            *member.signal.waker.lock() = Some(cx.waker().clone());
+            member.register(cx.waker());
             registered = true;
         }
-        match member.signal.order() {
-            Order::Abort => return Poll::Ready("server abort"),
+        match member.order() {
+            Order::Abort | Order::GoingAway => return Poll::Ready("server stop"),
             Order::Drain if !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
@@ -406,6 +431,42 @@ mod tests {
             a.check_at(t0 + 6000, KA, HEAD),
             Err("request head not received in time")
         );
+    }
+
+    #[test]
+    fn every_order_wakes_the_connection() {
+        use std::sync::atomic::AtomicUsize;
+        use std::task::Wake;
+
+        struct Counter(AtomicUsize);
+        impl Wake for Counter {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let counter = Arc::new(Counter(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&counter));
+        let conns = Connections::default();
+        let m = conns.join();
+        m.register(&waker);
+        conns.order_all(Order::Drain);
+        assert_eq!(m.order(), Order::Drain);
+        conns.order_all(Order::GoingAway);
+        assert_eq!(m.order(), Order::GoingAway);
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            2,
+            "the second order must wake too"
+        );
+        let late = conns.join();
+        assert_eq!(
+            late.order(),
+            Order::GoingAway,
+            "a later connection gets the order"
+        );
+        drop(m);
+        drop(late);
+        assert_eq!(conns.len(), 0);
     }
 
     #[test]

@@ -64,8 +64,9 @@ pub(crate) struct ExchState {
     pub(crate) out_abort: bool,
     /// The Tokio task waiting for the head, a chunk, or room to read body.
     pub(crate) tokio_waker: Option<Waker>,
-    /// asyncio future of a `send()` waiting for room in `out`.
-    pub(crate) send_waiter: Option<Py<PyAny>>,
+    /// asyncio futures of `send()` calls waiting for room in `out` (several
+    /// tasks may send on one response).
+    pub(crate) send_waiters: Vec<Py<PyAny>>,
     // ---- request body: Tokio → Python
     pub(crate) body: VecDeque<Bytes>,
     pub(crate) body_bytes: usize,
@@ -149,7 +150,7 @@ impl Exchange {
         if let Some(chunk) = st.out.pop_front() {
             let was_full = st.out_bytes >= shared.config.send_buffer;
             st.out_bytes -= chunk.len();
-            if was_full && st.out_bytes < shared.config.send_buffer && st.send_waiter.is_some() {
+            if was_full && st.out_bytes < shared.config.send_buffer && !st.send_waiters.is_empty() {
                 drop(st);
                 self.needs_python(shared);
             }
@@ -213,7 +214,7 @@ impl Exchange {
         }
         st.gone = true;
         st.body_end = true;
-        let wake = st.recv_waiter.is_some() || st.send_waiter.is_some();
+        let wake = st.recv_waiter.is_some() || !st.send_waiters.is_empty();
         drop(st);
         if wake {
             self.needs_python(shared);

@@ -203,6 +203,34 @@ pub(crate) fn parse_headers(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Header
     Ok(map)
 }
 
+/// Reads a response status: an `int` in 200..=599.
+///
+/// Errors: `TypeError` if missing or not an int, `RuntimeError` if out of
+/// range; both name `what`.
+pub(crate) fn parse_status(status: Option<Bound<'_, PyAny>>, what: &str) -> PyResult<StatusCode> {
+    let status = status.ok_or_else(|| PyTypeError::new_err(format!("{what} requires 'status'")))?;
+    if status.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} 'status' must be an int, got bool"
+        )));
+    }
+    let code: i64 = status.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} 'status' must be an int, got {}",
+            type_name(&status)
+        ))
+    })?;
+    u16::try_from(code)
+        .ok()
+        .filter(|c| (200..=599).contains(c))
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or_else(|| {
+            PyRuntimeError::new_err(format!(
+                "{what} 'status' must be a final status code in 200..=599, got {code}"
+            ))
+        })
+}
+
 /// Parses an HTTP `send()` message.
 ///
 /// Errors: `TypeError`/`RuntimeError` naming the offending field, or
@@ -226,30 +254,7 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
     }
     if kind == "http.response.start" {
         const WHAT: &str = "http.response.start";
-        let status = d
-            .get_item(n.status.bind(py))?
-            .ok_or_else(|| PyTypeError::new_err("http.response.start requires 'status'"))?;
-        if status.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(PyTypeError::new_err(
-                "http.response.start 'status' must be an int, got bool",
-            ));
-        }
-        let code: i64 = status.extract().map_err(|_| {
-            PyTypeError::new_err(format!(
-                "http.response.start 'status' must be an int, got {}",
-                type_name(&status)
-            ))
-        })?;
-        let status = u16::try_from(code)
-            .ok()
-            .filter(|c| (200..=599).contains(c))
-            .and_then(|c| StatusCode::from_u16(c).ok())
-            .ok_or_else(|| {
-                PyRuntimeError::new_err(format!(
-                    "http.response.start 'status' must be a final status code in 200..=599, \
-                     got {code}"
-                ))
-            })?;
+        let status = parse_status(d.get_item(n.status.bind(py))?, WHAT)?;
         let headers = match d.get_item(n.headers.bind(py))? {
             Some(h) => parse_headers(&h, WHAT)?,
             None => HeaderMap::new(),

@@ -132,15 +132,16 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
             }
         }
     }
-    let mut send = None;
-    if ex.send_waiter.is_some() && (ex.gone || ex.out_bytes < shared.config.send_buffer) {
-        send = ex.send_waiter.take().map(|w| (w, ex.gone));
+    let mut send = Vec::new();
+    let gone = ex.gone;
+    if gone || ex.out_bytes < shared.config.send_buffer {
+        send = std::mem::take(&mut ex.send_waiters);
     }
     drop(ex);
     if let Some((w, msg)) = recv {
         resolve(py, w.bind(py), msg);
     }
-    if let Some((w, gone)) = send {
+    for w in send {
         if gone {
             fail_disconnected(py, w.bind(py), "the client disconnected");
         } else {
@@ -416,7 +417,7 @@ impl HttpProtocol {
                     drop(ex);
                     return self.ctx.done(py);
                 }
-                ex.send_waiter = Some(fut.clone().unbind());
+                ex.send_waiters.push(fut.clone().unbind());
                 Ok(fut)
             }
         }

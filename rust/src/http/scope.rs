@@ -12,8 +12,9 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::bridge::context::AppContext;
 use crate::bridge::names::{names, Names};
-use crate::http::conn::LocalAddr;
+use crate::http::conn::{ConnCtx, LocalAddr};
 use crate::http::service::HttpRequest;
+use crate::websocket::service::WsRequest;
 
 fn method<'py>(py: Python<'py>, n: &Names, m: &Method) -> Bound<'py, PyString> {
     let interned = match *m {
@@ -77,46 +78,44 @@ fn put<T>(d: &Bound<'_, PyDict>, key: &Py<PyString>, value: &Bound<'_, T>) -> Py
     Ok(())
 }
 
-/// The scope of an HTTP request.
-pub(crate) fn http_scope<'py>(
-    py: Python<'py>,
+/// Sets the keys HTTP and WebSocket scopes share: `http_version`, `path`,
+/// `raw_path`, `query_string`, `headers`, `client`, `server`, `state`.
+fn fill_common(
+    py: Python<'_>,
+    scope: &Bound<'_, PyDict>,
     ctx: &AppContext,
-    req: &HttpRequest,
-) -> PyResult<Bound<'py, PyDict>> {
+    p: &http::request::Parts,
+    conn: &ConnCtx,
+) -> PyResult<()> {
     let n = names(py);
-    let p = &req.parts;
-    let scope = ctx.http_template.bind(py).copy()?;
-
     let version = match p.version {
         Version::HTTP_10 => &n.v1_0,
         Version::HTTP_2 => &n.v2,
         _ => &n.v1_1,
     };
-    put(&scope, &n.http_version, version.bind(py))?;
-    put(&scope, &n.method, &method(py, n, &p.method))?;
-    put(&scope, &n.scheme, n.http.bind(py))?;
+    put(scope, &n.http_version, version.bind(py))?;
 
     let raw = p.uri.path();
     let decoded = decode_path(raw);
     if ctx.root_path.is_empty() {
-        put(&scope, &n.path, &PyString::new(py, &decoded))?;
-        put(&scope, &n.raw_path, &PyBytes::new(py, raw.as_bytes()))?;
+        put(scope, &n.path, &PyString::new(py, &decoded))?;
+        put(scope, &n.raw_path, &PyBytes::new(py, raw.as_bytes()))?;
     } else {
         let root = &ctx.root_path;
-        scope.set_item(
-            n.path.bind(py),
-            PyString::new(py, &format!("{root}{decoded}")),
+        put(
+            scope,
+            &n.path,
+            &PyString::new(py, &format!("{root}{decoded}")),
         )?;
         let mut raw_path = Vec::with_capacity(root.len() + raw.len());
         raw_path.extend_from_slice(root.as_bytes());
         raw_path.extend_from_slice(raw.as_bytes());
-        put(&scope, &n.raw_path, &PyBytes::new(py, &raw_path))?;
+        put(scope, &n.raw_path, &PyBytes::new(py, &raw_path))?;
     }
     let query = p.uri.query().unwrap_or("");
-    put(&scope, &n.query_string, &PyBytes::new(py, query.as_bytes()))?;
-    put(&scope, &n.headers, &headers(py, &p.headers)?)?;
+    put(scope, &n.query_string, &PyBytes::new(py, query.as_bytes()))?;
+    put(scope, &n.headers, &headers(py, &p.headers)?)?;
 
-    let conn = &req.conn;
     let client = match conn.peer {
         Some(peer) => match conn.py_client.get() {
             Some(c) => c.bind(py).clone(),
@@ -128,7 +127,7 @@ pub(crate) fn http_scope<'py>(
         },
         None => py.None().into_bound(py),
     };
-    put(&scope, &n.client, &client)?;
+    put(scope, &n.client, &client)?;
     let server = match conn.listener.py_server.get() {
         Some(s) => s.bind(py).clone(),
         None => {
@@ -137,9 +136,45 @@ pub(crate) fn http_scope<'py>(
             s
         }
     };
-    put(&scope, &n.server, &server)?;
-    put(&scope, &n.state, &ctx.state.bind(py).copy()?)?;
+    put(scope, &n.server, &server)?;
+    put(scope, &n.state, &ctx.state.bind(py).copy()?)?;
+    Ok(())
+}
+
+/// The scope of an HTTP request (ASGI HTTP spec 2.5).
+pub(crate) fn http_scope<'py>(
+    py: Python<'py>,
+    ctx: &AppContext,
+    req: &HttpRequest,
+) -> PyResult<Bound<'py, PyDict>> {
+    let n = names(py);
+    let scope = ctx.http_template.bind(py).copy()?;
+    fill_common(py, &scope, ctx, &req.parts, &req.conn)?;
+    put(&scope, &n.method, &method(py, n, &req.parts.method))?;
+    put(&scope, &n.scheme, n.http.bind(py))?;
     put(&scope, &n.extensions, &PyDict::new(py))?;
+    Ok(scope)
+}
+
+/// The scope of a WebSocket handshake (ASGI WebSocket spec 2.5), with the
+/// `websocket.http.response` extension advertised.
+pub(crate) fn websocket_scope<'py>(
+    py: Python<'py>,
+    ctx: &AppContext,
+    req: &WsRequest,
+) -> PyResult<Bound<'py, PyDict>> {
+    let n = names(py);
+    let scope = ctx.ws_template.bind(py).copy()?;
+    fill_common(py, &scope, ctx, &req.parts, &req.conn)?;
+    put(&scope, &n.scheme, n.ws.bind(py))?;
+    put(
+        &scope,
+        &n.subprotocols,
+        &PyList::new(py, &req.subprotocols)?,
+    )?;
+    let ext = PyDict::new(py);
+    ext.set_item("websocket.http.response", PyDict::new(py))?;
+    put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
 

@@ -128,6 +128,9 @@ pub(crate) async fn handle(
     let shared = &*conn.shared;
     shared.count_request();
     let (parts, mut body) = req.into_parts();
+    if crate::websocket::handshake::is_upgrade(&parts) {
+        return Ok(crate::websocket::service::handle(parts, conn, busy).await);
+    }
     let bodyless = body.is_end_stream();
     // `Expect` only matters for a request with a body.
     let expect_continue = !bodyless && expects_continue(&parts);

@@ -119,20 +119,14 @@ pub(crate) async fn accept_loop(
                 r = t.accept() => r.map(|(s, peer)| {
                     let _ = s.set_nodelay(true);
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    control.tracker.spawn(async move {
-                        conn::serve(s, shared, info, Some(peer)).await;
-                        drop(permit);
-                    });
+                    control.tracker.spawn(conn::serve(s, shared, info, Some(peer), permit));
                 }),
                 _ = stop.cancelled() => return Ok(()),
             },
             L::Unix(u) => tokio::select! {
                 r = u.accept() => r.map(|(s, _)| {
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    control.tracker.spawn(async move {
-                        conn::serve(s, shared, info, None).await;
-                        drop(permit);
-                    });
+                    control.tracker.spawn(conn::serve(s, shared, info, None, permit));
                 }),
                 _ = stop.cancelled() => return Ok(()),
             },

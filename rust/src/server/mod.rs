@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use crate::bridge::context::{AppContext, PyParts};
 use crate::bridge::queue::{Event, PyQueue};
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     stop: watch::Sender<Option<Stop>>,
     /// Every open connection (for drain and abort).
     pub(crate) connections: Connections,
+    /// Every connection and WebSocket task, to wait for them at shutdown.
+    pub(crate) tracker: TaskTracker,
 }
 
 impl Shared {
@@ -63,6 +66,7 @@ impl Shared {
             dispatched: AtomicU64::new(0),
             stop: watch::channel(None).0,
             connections: Connections::default(),
+            tracker: TaskTracker::new(),
         })
     }
 
@@ -187,6 +191,11 @@ impl Server {
                     Event::Wake(exch) => {
                         exch.unqueue();
                         crate::http::wake(py, &self.ctx, &exch);
+                    }
+                    Event::WebSocket(req) => crate::websocket::start(py, &self.ctx, req),
+                    Event::WsWake(ws) => {
+                        ws.unqueue();
+                        crate::websocket::protocol::on_wake(py, &self.ctx, &ws);
                     }
                     Event::Lifespan(cmd) => lifespan::handle(py, &self.ctx, &self.lifespan, cmd),
                     Event::Log(record) => {

@@ -9,7 +9,6 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::bridge::queue::Event;
 use crate::http::conn::Order;
@@ -35,6 +34,8 @@ impl From<io::Error> for RunError {
 const PARENT_CHECK: Duration = Duration::from_millis(250);
 /// After an abort, how long connection tasks get to unwind.
 const ABORT_GRACE: Duration = Duration::from_millis(500);
+/// After close 1001 went out, how long WebSocket peers get to answer it.
+const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);
 
 async fn next_stop(rx: &mut watch::Receiver<Option<Stop>>) -> Stop {
     loop {
@@ -121,7 +122,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
 
     let cfg = &shared.config;
     let control = ConnControl {
-        tracker: TaskTracker::new(),
+        tracker: shared.tracker.clone(),
         limit: (cfg.max_connections > 0).then(|| Arc::new(Semaphore::new(cfg.max_connections))),
     };
     let stop_accept = CancellationToken::new();
@@ -147,26 +148,36 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     }
     control.tracker.close();
 
+    let tracker = &shared.tracker;
     let quick = match stop {
         Stop::Quick(_) => true,
         Stop::Graceful(_) => {
             shared.connections.order_all(Order::Drain);
             tokio::select! {
-                _ = control.tracker.wait() => false,
+                _ = tracker.wait() => false,
                 _ = tokio::time::sleep(cfg.graceful_timeout) => {
                     tracing::warn!(
                         "graceful timeout ({:?}) reached: closing {} connection(s)",
                         cfg.graceful_timeout,
                         shared.connections.len()
                     );
+                    // WebSockets get close 1001 and a moment for the close
+                    // handshake; HTTP connections close now.
+                    shared.connections.order_all(Order::GoingAway);
+                    let _ = tokio::time::timeout(GOING_AWAY_GRACE, tracker.wait()).await;
                     false
                 }
                 _ = next_quick(&mut stop_rx) => true,
             }
         }
     };
+    if quick {
+        // Best effort: close frames go out with the connections.
+        shared.connections.order_all(Order::GoingAway);
+        tokio::task::yield_now().await;
+    }
     shared.connections.order_all(Order::Abort);
-    let _ = tokio::time::timeout(ABORT_GRACE, control.tracker.wait()).await;
+    let _ = tokio::time::timeout(ABORT_GRACE, tracker.wait()).await;
 
     if lifespan_running && !quick {
         lifespan::shutdown(&shared).await;

@@ -1,0 +1,367 @@
+//! One open WebSocket: tungstenite frames it (fragmentation, control frames
+//! between fragments, automatic pong, the close handshake, size limits);
+//! this task moves messages between it and the app's queues, pings idle
+//! peers, and turns protocol failures into the right close code:
+//!
+//! | what happened                                  | close code |
+//! |------------------------------------------------|-----------:|
+//! | protocol violation (unmasked frame, reserved bits or opcode, bad control frame, bad close frame) | 1002 |
+//! | a text message that is not valid UTF-8          | 1007 |
+//! | a message above `ws_max_message_size`           | 1009 |
+//! | a ping unanswered within `ws_ping_timeout`      | 1011 |
+//! | the server shuts down (after the drain deadline)| 1001 |
+//! | the connection dropped without a close frame    | (1006 to the app) |
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::{Sink, Stream};
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use tokio::time::{sleep, Instant, Sleep};
+use tokio_tungstenite::WebSocketStream;
+use tungstenite::error::ProtocolError;
+use tungstenite::protocol::frame::coding::CloseCode;
+use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tungstenite::{Error, Message};
+
+use crate::http::conn::{ConnCtx, Order};
+use crate::websocket::shared::{register, WsShared, ABNORMAL, NO_STATUS};
+
+type Ws = WebSocketStream<TokioIo<Upgraded>>;
+
+/// How long the peer gets to answer our close frame before the TCP
+/// connection is closed anyway.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a protocol error, how long the app gets to finish the messages
+/// that arrived before the bad frame (their replies go out first).
+const FAIL_GRACE: Duration = Duration::from_secs(2);
+
+/// The close code for a read error, or `None` if the peer simply vanished.
+fn close_code_for(e: &Error) -> Option<CloseCode> {
+    match e {
+        Error::Utf8(_) => Some(CloseCode::Invalid),
+        Error::Capacity(_) => Some(CloseCode::Size),
+        Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => None,
+        Error::Protocol(_) => Some(CloseCode::Protocol),
+        Error::ConnectionClosed | Error::AlreadyClosed | Error::Io(_) => None,
+        _ => Some(CloseCode::Error),
+    }
+}
+
+enum Ping {
+    /// Next ping due at the timer.
+    Idle,
+    /// Ping sent; a pong is due by the timer.
+    Waiting,
+}
+
+struct Driver {
+    ws: Arc<WsShared>,
+    conn: Arc<ConnCtx>,
+    /// We sent a close frame (the app's, or ours after an error).
+    close_sent: bool,
+    /// The code and reason the app will see in `websocket.disconnect`.
+    outcome: Option<(u16, String)>,
+    /// Deadline for the peer's close reply, once we sent ours.
+    close_timer: Option<Pin<Box<Sleep>>>,
+    ping: Ping,
+    ping_timer: Option<Pin<Box<Sleep>>>,
+    waker_registered: bool,
+    /// A read failed: the close code to send once the app has caught up.
+    failing: Option<(CloseCode, Pin<Box<Sleep>>)>,
+    /// The peer sent its close frame: nothing more may be sent but our
+    /// reply, which tungstenite queues.
+    peer_closed: bool,
+    /// Done: flushing what is buffered (a close reply among it) before the
+    /// socket is dropped, bounded by `CLOSE_TIMEOUT`.
+    finishing: Option<Pin<Box<Sleep>>>,
+}
+
+impl Driver {
+    fn send_close(&mut self, code: CloseCode, reason: &str, ws: &mut Ws, cx: &mut Context<'_>) {
+        if self.close_sent {
+            return;
+        }
+        self.close_sent = true;
+        self.outcome.get_or_insert((code.into(), reason.to_owned()));
+        let frame = CloseFrame {
+            code,
+            reason: reason.to_owned().into(),
+        };
+        if let Poll::Ready(Ok(())) = Pin::new(&mut *ws).poll_ready(cx) {
+            let _ = Pin::new(&mut *ws).start_send(Message::Close(Some(frame)));
+        }
+        let _ = Pin::new(&mut *ws).poll_flush(cx);
+        self.close_timer = Some(Box::pin(sleep(CLOSE_TIMEOUT)));
+    }
+
+    /// Writes what the app queued. `Err` ends the connection.
+    fn write(&mut self, ws: &mut Ws, cx: &mut Context<'_>) -> Result<(), ()> {
+        let shared = &*self.conn.shared;
+        let limit = shared.config.ws_max_queue;
+        loop {
+            let msg = {
+                let mut st = self.ws.lock();
+                register(&mut st.tokio_waker, cx);
+                if st.outbound.is_empty() {
+                    break;
+                }
+                if self.close_sent || self.peer_closed {
+                    // Nothing may follow a close frame.
+                    st.outbound.clear();
+                    break;
+                }
+                match Pin::new(&mut *ws).poll_ready(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(_)) => return Err(()),
+                    Poll::Pending => break,
+                }
+                let msg = st.outbound.pop_front();
+                let wake_app = st.outbound.len() + 1 == limit && !st.send_waiters.is_empty();
+                drop(st);
+                if wake_app {
+                    self.ws.needs_python(shared);
+                }
+                msg
+            };
+            let Some(msg) = msg else { break };
+            if let Message::Close(frame) = &msg {
+                self.close_sent = true;
+                let (code, reason) = frame
+                    .as_ref()
+                    .map(|f| (u16::from(f.code), f.reason.to_string()))
+                    .unwrap_or((1000, String::new()));
+                self.outcome.get_or_insert((code, reason));
+                self.close_timer = Some(Box::pin(sleep(CLOSE_TIMEOUT)));
+            }
+            if Pin::new(&mut *ws).start_send(msg).is_err() {
+                return Err(());
+            }
+        }
+        match Pin::new(&mut *ws).poll_flush(cx) {
+            Poll::Ready(Err(Error::ConnectionClosed)) => Ok(()),
+            Poll::Ready(Err(_)) => Err(()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads while the app has room. `Ready` when the connection is over.
+    fn read(&mut self, ws: &mut Ws, cx: &mut Context<'_>) -> Poll<()> {
+        let shared = Arc::clone(&self.conn.shared);
+        let limit = shared.config.ws_max_queue;
+        loop {
+            if self.ws.lock().inbound.len() >= limit {
+                // Backpressure: stop reading until the app catches up.
+                return Poll::Pending;
+            }
+            match Pin::new(&mut *ws).poll_next(cx) {
+                Poll::Ready(Some(Ok(msg))) => match msg {
+                    Message::Text(_) | Message::Binary(_) => {
+                        let mut st = self.ws.lock();
+                        st.inbound.push_back(msg);
+                        let wake = st.recv_waiter.is_some();
+                        drop(st);
+                        if wake {
+                            self.ws.needs_python(&shared);
+                        }
+                    }
+                    Message::Pong(_) => {
+                        if let Ping::Waiting = self.ping {
+                            self.ping = Ping::Idle;
+                            self.reset_ping_timer();
+                        }
+                    }
+                    Message::Close(frame) => {
+                        // tungstenite queues the reply; it is flushed below.
+                        let (code, reason) = frame
+                            .map(|f| (u16::from(f.code), f.reason.to_string()))
+                            .unwrap_or((NO_STATUS, String::new()));
+                        if !self.close_sent {
+                            self.outcome = Some((code, reason.clone()));
+                        }
+                        self.peer_closed = true;
+                        // The app may stop sending now, before our reply is
+                        // flushed (a slow peer could take CLOSE_TIMEOUT).
+                        let (code, reason) = self.outcome.clone().unwrap_or((code, reason));
+                        self.ws.close(code, reason, &shared);
+                        let _ = Pin::new(&mut *ws).poll_flush(cx);
+                    }
+                    Message::Ping(_) | Message::Frame(_) => {
+                        // The pong is queued by tungstenite; flush it.
+                        let _ = Pin::new(&mut *ws).poll_flush(cx);
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    match close_code_for(&e) {
+                        Some(code) if !self.close_sent => {
+                            // Fail the connection, but only once the app has
+                            // answered what arrived before the bad frame.
+                            tracing::debug!("WebSocket protocol error: {e}; closing with {code}");
+                            self.failing = Some((code, Box::pin(sleep(FAIL_GRACE))));
+                            self.ws.lock().notify_idle = true;
+                            // Poll again at once: the app may already be idle.
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
+                        _ => {
+                            if !matches!(e, Error::ConnectionClosed | Error::AlreadyClosed) {
+                                self.outcome.get_or_insert((ABNORMAL, String::new()));
+                            }
+                            return Poll::Ready(());
+                        }
+                    }
+                }
+                Poll::Ready(None) => return Poll::Ready(()),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn reset_ping_timer(&mut self) {
+        let cfg = &self.conn.shared.config;
+        let after = match self.ping {
+            Ping::Idle => cfg.ws_ping_interval,
+            Ping::Waiting => cfg.ws_ping_timeout,
+        };
+        if let Some(t) = self.ping_timer.as_mut() {
+            t.as_mut().reset(Instant::now() + after);
+        }
+    }
+
+    /// Starts (or continues) the final flush; `Ready` once the socket may
+    /// be dropped.
+    fn finish(&mut self, ws: &mut Ws, cx: &mut Context<'_>) -> Poll<()> {
+        let timer = self
+            .finishing
+            .get_or_insert_with(|| Box::pin(sleep(CLOSE_TIMEOUT)));
+        match Pin::new(&mut *ws).poll_flush(cx) {
+            Poll::Pending if timer.as_mut().poll(cx).is_pending() => Poll::Pending,
+            _ => Poll::Ready(()),
+        }
+    }
+
+    fn poll(
+        &mut self,
+        ws: &mut Ws,
+        cx: &mut Context<'_>,
+        member: &crate::http::conn::Member<'_>,
+    ) -> Poll<()> {
+        if !self.waker_registered {
+            member.register(cx.waker());
+            self.waker_registered = true;
+        }
+        if self.finishing.is_some() {
+            if member.order() == Order::Abort {
+                return Poll::Ready(());
+            }
+            return self.finish(ws, cx);
+        }
+        match member.order() {
+            Order::Abort => {
+                self.outcome.get_or_insert((ABNORMAL, String::new()));
+                return Poll::Ready(());
+            }
+            Order::GoingAway if !self.close_sent => {
+                self.send_close(CloseCode::Away, "server shutting down", ws, cx);
+            }
+            _ => {}
+        }
+        if self.write(ws, cx).is_err() {
+            self.outcome.get_or_insert((ABNORMAL, String::new()));
+            return Poll::Ready(());
+        }
+        if let Some((code, timer)) = self.failing.as_mut() {
+            let code = *code;
+            let idle = {
+                let st = self.ws.lock();
+                st.inbound.is_empty() && st.outbound.is_empty() && st.recv_waiter.is_some()
+            };
+            if idle || timer.as_mut().poll(cx).is_ready() {
+                self.failing = None;
+                self.send_close(code, "", ws, cx);
+                self.outcome = Some((code.into(), String::new()));
+                // The socket closes once our close frame is flushed.
+                return self.finish(ws, cx);
+            }
+            return Poll::Pending;
+        }
+        if self.read(ws, cx).is_ready() {
+            // Flush what is buffered (a close reply among it) first.
+            return self.finish(ws, cx);
+        }
+        if let Some(t) = self.close_timer.as_mut() {
+            if t.as_mut().poll(cx).is_ready() {
+                // The peer never answered our close frame.
+                return Poll::Ready(());
+            }
+        }
+        if let Some(t) = self.ping_timer.as_mut() {
+            if t.as_mut().poll(cx).is_ready() {
+                match self.ping {
+                    Ping::Idle => {
+                        if let Poll::Ready(Ok(())) = Pin::new(&mut *ws).poll_ready(cx) {
+                            let _ =
+                                Pin::new(&mut *ws).start_send(Message::Ping(Default::default()));
+                            let _ = Pin::new(&mut *ws).poll_flush(cx);
+                        }
+                        self.ping = Ping::Waiting;
+                        self.reset_ping_timer();
+                    }
+                    Ping::Waiting => {
+                        tracing::debug!("WebSocket ping timeout; closing");
+                        self.ping_timer = None;
+                        self.send_close(CloseCode::Error, "keepalive ping timeout", ws, cx);
+                    }
+                }
+                cx.waker().wake_by_ref();
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// Runs an accepted WebSocket until it closes; see the module docs.
+pub(crate) async fn run(on_upgrade: OnUpgrade, ws: Arc<WsShared>, conn: Arc<ConnCtx>) {
+    let shared = Arc::clone(&conn.shared);
+    let member = shared.connections.join();
+    let upgraded = match on_upgrade.await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!("WebSocket upgrade failed: {e}");
+            ws.close(ABNORMAL, String::new(), &shared);
+            return;
+        }
+    };
+    let cfg = &shared.config;
+    let max = cfg.ws_max_message_size;
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
+        // Small read buffer: an idle socket should cost little memory.
+        .read_buffer_size(4096)
+        .write_buffer_size(0);
+    let mut stream =
+        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+    let ping_timer =
+        (!cfg.ws_ping_interval.is_zero()).then(|| Box::pin(sleep(cfg.ws_ping_interval)));
+    let mut driver = Driver {
+        ws: Arc::clone(&ws),
+        conn: Arc::clone(&conn),
+        close_sent: false,
+        outcome: None,
+        close_timer: None,
+        ping: Ping::Idle,
+        ping_timer,
+        waker_registered: false,
+        failing: None,
+        peer_closed: false,
+        finishing: None,
+    };
+    poll_fn(|cx| driver.poll(&mut stream, cx, &member)).await;
+    let (code, reason) = driver.outcome.take().unwrap_or((ABNORMAL, String::new()));
+    ws.close(code, reason, &shared);
+}

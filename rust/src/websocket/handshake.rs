@@ -1,0 +1,211 @@
+//! The opening handshake (RFC 6455 §4.2): recognising an upgrade request,
+//! validating it, and building the response once the app has decided.
+
+use bytes::Bytes;
+use http::header::{
+    CONNECTION, CONTENT_TYPE, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_PROTOCOL,
+    SEC_WEBSOCKET_VERSION, UPGRADE,
+};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version};
+
+/// Whether `value` (a comma-separated token list) contains `token`,
+/// case-insensitively.
+fn has_token(value: &HeaderValue, token: &str) -> bool {
+    value
+        .as_bytes()
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// Whether the request asks to switch to the WebSocket protocol.
+pub(crate) fn is_upgrade(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get_all(UPGRADE)
+        .iter()
+        .any(|v| has_token(v, "websocket"))
+}
+
+/// Why a handshake is refused before the app sees it.
+pub(crate) struct Refusal {
+    pub(crate) status: StatusCode,
+    pub(crate) message: &'static str,
+}
+
+fn refuse(status: StatusCode, message: &'static str) -> Refusal {
+    Refusal { status, message }
+}
+
+fn is_base64_key(key: &[u8]) -> bool {
+    // A base64-encoded 16-byte nonce: 22 characters and "==" (§4.1).
+    key.len() == 24
+        && key.ends_with(b"==")
+        && key[..22]
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/')
+}
+
+/// Checks the handshake; the `Sec-WebSocket-Accept` value on success.
+pub(crate) fn validate(parts: &Parts) -> Result<String, Refusal> {
+    if parts.method != Method::GET {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "WebSocket handshake must be a GET",
+        ));
+    }
+    if parts.version < Version::HTTP_11 {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "WebSocket handshake needs HTTP/1.1",
+        ));
+    }
+    if !parts
+        .headers
+        .get_all(CONNECTION)
+        .iter()
+        .any(|v| has_token(v, "upgrade"))
+    {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "missing 'Connection: Upgrade'",
+        ));
+    }
+    let accept = match parts.headers.get(SEC_WEBSOCKET_KEY) {
+        Some(k) if is_base64_key(k.as_bytes().trim_ascii()) => {
+            tungstenite::handshake::derive_accept_key(k.as_bytes().trim_ascii())
+        }
+        _ => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "missing or invalid Sec-WebSocket-Key",
+            ))
+        }
+    };
+    match parts.headers.get(SEC_WEBSOCKET_VERSION) {
+        None => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "missing Sec-WebSocket-Version",
+        )),
+        Some(v) if v.as_bytes().trim_ascii() != b"13" => Err(refuse(
+            StatusCode::UPGRADE_REQUIRED,
+            "unsupported Sec-WebSocket-Version (13 is supported)",
+        )),
+        Some(_) => Ok(accept),
+    }
+}
+
+/// The subprotocols the client offers, in order: every
+/// `Sec-WebSocket-Protocol` field, each a comma-separated list.
+pub(crate) fn subprotocols(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|t| String::from_utf8_lossy(t.trim_ascii()).into_owned())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// `101 Switching Protocols` with the app's subprotocol and extra headers.
+pub(crate) fn switching_protocols(
+    accept_key: &str,
+    subprotocol: Option<&str>,
+    extra: HeaderMap,
+) -> Result<(StatusCode, HeaderMap), &'static str> {
+    let mut headers = extra;
+    headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    headers.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    headers.insert(
+        SEC_WEBSOCKET_ACCEPT,
+        HeaderValue::from_str(accept_key).map_err(|_| "invalid accept key")?,
+    );
+    if let Some(p) = subprotocol {
+        headers.insert(
+            SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_str(p).map_err(|_| "invalid subprotocol")?,
+        );
+    }
+    Ok((StatusCode::SWITCHING_PROTOCOLS, headers))
+}
+
+/// A short plain-text refusal (400, 403, 426, 500) that closes the
+/// connection.
+pub(crate) fn plain(status: StatusCode, message: &str) -> Response<Bytes> {
+    let mut resp = Response::new(Bytes::copy_from_slice(message.as_bytes()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(CONNECTION, HeaderValue::from_static("close"));
+    if status == StatusCode::UPGRADE_REQUIRED {
+        h.insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(req: http::Request<()>) -> Parts {
+        req.into_parts().0
+    }
+
+    fn handshake() -> http::request::Builder {
+        http::Request::get("/ws")
+            .header("Upgrade", "websocket")
+            .header("Connection", "keep-alive, Upgrade")
+            .header("Sec-WebSocket-Version", "13")
+            .header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+    }
+
+    #[test]
+    fn accept_key_is_rfc_6455_example() {
+        let p = parts(handshake().body(()).unwrap());
+        assert!(is_upgrade(&p));
+        assert_eq!(validate(&p).ok().unwrap(), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    }
+
+    #[test]
+    fn wrong_version_is_426() {
+        let p = parts(
+            handshake()
+                .header("Sec-WebSocket-Version", "8")
+                .body(())
+                .unwrap(),
+        );
+        let mut p = p;
+        p.headers
+            .insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("8"));
+        assert_eq!(
+            validate(&p).err().unwrap().status,
+            StatusCode::UPGRADE_REQUIRED
+        );
+    }
+
+    #[test]
+    fn bad_key_and_missing_connection_are_400() {
+        let mut p = parts(handshake().body(()).unwrap());
+        p.headers
+            .insert(SEC_WEBSOCKET_KEY, HeaderValue::from_static("short"));
+        assert_eq!(validate(&p).err().unwrap().status, StatusCode::BAD_REQUEST);
+        let mut p = parts(handshake().body(()).unwrap());
+        p.headers.remove(CONNECTION);
+        assert_eq!(validate(&p).err().unwrap().status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn subprotocols_from_lists_and_repeated_fields() {
+        let p = parts(
+            handshake()
+                .header("Sec-WebSocket-Protocol", "chat, superchat")
+                .header("Sec-WebSocket-Protocol", " v2.json ,")
+                .body(())
+                .unwrap(),
+        );
+        assert_eq!(subprotocols(&p.headers), ["chat", "superchat", "v2.json"]);
+    }
+}

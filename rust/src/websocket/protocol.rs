@@ -1,0 +1,522 @@
+//! `receive` and `send` for one WebSocket (ASGI WebSocket spec 2.5 and the
+//! `websocket.http.response` extension).
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+use tungstenite::protocol::frame::coding::CloseCode;
+use tungstenite::protocol::CloseFrame;
+use tungstenite::Message;
+
+use crate::bridge::awaitable::ready;
+use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
+use crate::bridge::names::names;
+use crate::errors::ClientDisconnected;
+use crate::http::exchange::{BodyOut, ResponseHead};
+use crate::http::message::{body_bytes, message_type, parse_headers, parse_status};
+use crate::websocket::shared::{wake_tokio, Decision, WsShared, WsState, ABNORMAL};
+
+/// Where the app is in the WebSocket's life.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// `websocket.connect` not delivered yet.
+    Connecting,
+    /// Waiting for the app's accept, close or HTTP response.
+    Handshake,
+    /// Open.
+    Accepted,
+    /// `websocket.http.response.start` sent; body chunks follow.
+    Responding,
+    /// The app closed (or denied, or answered over HTTP).
+    Closed,
+}
+
+struct ProtoState {
+    phase: Phase,
+    http_head: Option<(StatusCode, HeaderMap)>,
+    http_body: BytesMut,
+}
+
+/// `receive` and `send` callables for one WebSocket.
+#[pyclass(frozen, freelist = 64, module = "skirr._skirr")]
+pub(crate) struct WebSocketProtocol {
+    ws: Arc<WsShared>,
+    ctx: Arc<AppContext>,
+    st: Mutex<ProtoState>,
+}
+
+fn event<'py>(py: Python<'py>, t: &str) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item(names(py).type_.bind(py), t)?;
+    Ok(d)
+}
+
+fn inbound_message<'py>(py: Python<'py>, m: Message) -> PyResult<Bound<'py, PyAny>> {
+    let d = event(py, "websocket.receive")?;
+    match m {
+        Message::Text(t) => d.set_item(pyo3::intern!(py, "text"), PyString::new(py, t.as_str()))?,
+        Message::Binary(b) => d.set_item(pyo3::intern!(py, "bytes"), PyBytes::new(py, &b))?,
+        _ => {}
+    }
+    Ok(d.into_any())
+}
+
+fn disconnect<'py>(py: Python<'py>, code: u16, reason: &str) -> PyResult<Bound<'py, PyAny>> {
+    let d = event(py, "websocket.disconnect")?;
+    d.set_item(pyo3::intern!(py, "code"), code)?;
+    d.set_item(pyo3::intern!(py, "reason"), reason)?;
+    Ok(d.into_any())
+}
+
+fn plain_500() -> ResponseHead {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    ResponseHead {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        headers,
+        body: BodyOut::Full(Bytes::from_static(b"Internal Server Error")),
+    }
+}
+
+/// Close codes an endpoint may send (RFC 6455 §7.4; 1004-1006 and 1015 are
+/// reserved, 1016-2999 are for future protocol use).
+fn sendable_code(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+}
+
+/// The next message `receive()` can deliver now, if any (after connect).
+fn next_message<'py>(
+    py: Python<'py>,
+    ws: &mut WsState,
+    ctx: &AppContext,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if let Some(m) = ws.inbound.pop_front() {
+        if ws.inbound.len() + 1 == ctx.shared.config.ws_max_queue {
+            // The reader paused at the limit: let it resume.
+            wake_tokio(ws, &ctx.shared);
+        }
+        return inbound_message(py, m).map(Some);
+    }
+    if let Some((code, reason)) = &ws.closed {
+        return disconnect(py, *code, reason).map(Some);
+    }
+    Ok(None)
+}
+
+/// Handles a `WsWake` event (asyncio thread): completes what can complete.
+pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, ws: &WsShared) {
+    let mut st = ws.lock();
+    let mut recv = None;
+    if let Some(w) = st.recv_waiter.take() {
+        if !is_done(py, w.bind(py)) {
+            match next_message(py, &mut st, ctx) {
+                Ok(Some(m)) => recv = Some((w, m)),
+                Ok(None) => st.recv_waiter = Some(w),
+                Err(e) => {
+                    drop(st);
+                    ctx.log_error(py, "could not build a websocket message", Some(&e));
+                    return;
+                }
+            }
+        }
+    }
+    let mut send = Vec::new();
+    let closed = st.closed.is_some();
+    if closed || st.outbound.len() < ctx.shared.config.ws_max_queue {
+        send = std::mem::take(&mut st.send_waiters);
+    }
+    drop(st);
+    if let Some((w, m)) = recv {
+        resolve(py, w.bind(py), m);
+    }
+    for w in send {
+        if closed {
+            fail_disconnected(py, w.bind(py), "the WebSocket is closed");
+        } else {
+            resolve(py, w.bind(py), py.None().into_bound(py));
+        }
+    }
+}
+
+impl WebSocketProtocol {
+    pub(crate) fn new(ws: Arc<WsShared>, ctx: Arc<AppContext>) -> Self {
+        Self {
+            ws,
+            ctx,
+            st: Mutex::new(ProtoState {
+                phase: Phase::Connecting,
+                http_head: None,
+                http_body: BytesMut::new(),
+            }),
+        }
+    }
+
+    fn client_left(&self) -> bool {
+        self.ws.lock().closed.is_some()
+    }
+
+    /// Ends the exchange after an app failure or return: a 500 before the
+    /// handshake was answered, a close with `code` once open.
+    fn finish(&self, st: &mut ProtoState, code: u16) {
+        let shared = &self.ctx.shared;
+        match st.phase {
+            Phase::Connecting | Phase::Handshake | Phase::Responding => {
+                if !self.client_left() {
+                    self.ws.decide(Decision::Respond(plain_500()), shared);
+                }
+                let mut ws = self.ws.lock();
+                ws.closed.get_or_insert((ABNORMAL, String::new()));
+            }
+            Phase::Accepted => {
+                let mut ws = self.ws.lock();
+                if ws.closed.is_none() {
+                    ws.outbound.push_back(Message::Close(Some(CloseFrame {
+                        code: CloseCode::from(code),
+                        reason: "".into(),
+                    })));
+                    wake_tokio(&mut ws, shared);
+                }
+            }
+            Phase::Closed => {}
+        }
+        st.phase = Phase::Closed;
+    }
+
+    /// The app returned.
+    pub(crate) fn on_return(&self, py: Python<'_>) {
+        let mut st = self.st.lock();
+        match st.phase {
+            Phase::Connecting | Phase::Handshake if !self.client_left() => {
+                self.ctx
+                    .log_error(py, "ASGI callable returned without sending handshake", None);
+            }
+            Phase::Responding => {
+                self.ctx.log_error(
+                    py,
+                    "ASGI callable returned without completing websocket.http.response",
+                    None,
+                );
+            }
+            _ => {}
+        }
+        // An app that returns while open closes normally (1000).
+        self.finish(&mut st, 1000);
+    }
+
+    /// The app raised.
+    pub(crate) fn on_error(&self, py: Python<'_>, err: PyErr) {
+        let mut st = self.st.lock();
+        if err.is_instance_of::<ClientDisconnected>(py) && self.client_left() {
+            self.ctx.log(
+                py,
+                10,
+                "ASGI WebSocket callable stopped: client disconnected",
+            );
+        } else {
+            self.ctx
+                .log_error(py, "Exception in ASGI application", Some(&err));
+        }
+        // 1011: the server met an unexpected condition (RFC 6455 §7.4.1).
+        self.finish(&mut st, 1011);
+    }
+
+    /// The app's task was cancelled (shutdown): going away (1001).
+    pub(crate) fn on_cancel(&self, _py: Python<'_>) {
+        let mut st = self.st.lock();
+        self.finish(&mut st, 1001);
+    }
+
+    fn wait_for_room<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.ctx.create_future(py)?;
+        let mut ws = self.ws.lock();
+        if ws.closed.is_some() {
+            return Err(ClientDisconnected::new_err("the WebSocket is closed"));
+        }
+        if ws.outbound.len() < self.ctx.shared.config.ws_max_queue {
+            drop(ws);
+            return self.ctx.done(py);
+        }
+        ws.send_waiters.push(fut.clone().unbind());
+        Ok(fut)
+    }
+}
+
+#[pymethods]
+impl WebSocketProtocol {
+    /// `await receive()`: `websocket.connect` first, then `websocket.receive`
+    /// messages, then `websocket.disconnect` with the peer's close code and
+    /// reason (1005 if its close frame had none, 1006 if the connection
+    /// dropped without one).
+    ///
+    /// Raises `RuntimeError` if another `receive()` is still pending.
+    fn receive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        {
+            let mut st = self.st.lock();
+            if st.phase == Phase::Connecting {
+                st.phase = Phase::Handshake;
+                return ready(py, event(py, "websocket.connect")?.into_any());
+            }
+        }
+        let mut ws = self.ws.lock();
+        if let Some(m) = next_message(py, &mut ws, &self.ctx)? {
+            return ready(py, m);
+        }
+        if let Some(w) = &ws.recv_waiter {
+            if !is_done(py, w.bind(py)) {
+                return Err(PyRuntimeError::new_err(
+                    "receive() called while a previous receive() is still pending",
+                ));
+            }
+        }
+        let fut = self.ctx.create_future(py)?;
+        ws.recv_waiter = Some(fut.clone().unbind());
+        if ws.notify_idle {
+            // The driver holds a close until the app has caught up: it has.
+            wake_tokio(&mut ws, &self.ctx.shared);
+        }
+        Ok(fut)
+    }
+
+    /// `await send(message)`: `websocket.accept`, `websocket.send`,
+    /// `websocket.close`, or `websocket.http.response.start`/`.body`.
+    ///
+    /// Raises `TypeError`/`RuntimeError` naming the field for an invalid
+    /// message or one out of order, and `ClientDisconnected` (an `OSError`)
+    /// once the connection is closed.
+    fn send<'py>(
+        &self,
+        py: Python<'py>,
+        message: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (d, t) = message_type(message)?;
+        let kind = t.to_str().unwrap_or("").to_owned();
+        let shared = &self.ctx.shared;
+        let get = |k: &str| -> PyResult<Option<Bound<'py, PyAny>>> {
+            Ok(d.get_item(k)?.filter(|v| !v.is_none()))
+        };
+        let mut st = self.st.lock();
+        match kind.as_str() {
+            "websocket.send" => {
+                match st.phase {
+                    Phase::Accepted => {}
+                    Phase::Closed if self.client_left() => {
+                        return Err(ClientDisconnected::new_err("the WebSocket is closed"))
+                    }
+                    Phase::Closed => {
+                        return Err(PyRuntimeError::new_err(
+                            "websocket.send after websocket.close",
+                        ))
+                    }
+                    _ => {
+                        return Err(PyRuntimeError::new_err(
+                            "websocket.send before websocket.accept",
+                        ))
+                    }
+                }
+                let msg = match (get("bytes")?, get("text")?) {
+                    (Some(b), None) => Message::Binary(body_bytes(&b, "websocket.send 'bytes'")?),
+                    (None, Some(t)) => {
+                        let s = t.cast::<PyString>().map_err(|_| {
+                            PyTypeError::new_err(format!(
+                                "websocket.send 'text' must be a str, got {}",
+                                t.get_type()
+                                    .name()
+                                    .map(|n| n.to_string())
+                                    .unwrap_or_default()
+                            ))
+                        })?;
+                        Message::Text(s.to_str()?.to_owned().into())
+                    }
+                    _ => {
+                        return Err(PyRuntimeError::new_err(
+                            "websocket.send needs exactly one of 'bytes' or 'text'",
+                        ))
+                    }
+                };
+                drop(st);
+                let mut ws = self.ws.lock();
+                if ws.closed.is_some() {
+                    return Err(ClientDisconnected::new_err("the WebSocket is closed"));
+                }
+                ws.outbound.push_back(msg);
+                wake_tokio(&mut ws, shared);
+                let full = ws.outbound.len() >= shared.config.ws_max_queue;
+                drop(ws);
+                if full {
+                    return self.wait_for_room(py);
+                }
+                self.ctx.done(py)
+            }
+            "websocket.accept" => {
+                if !matches!(st.phase, Phase::Connecting | Phase::Handshake) {
+                    return Err(PyRuntimeError::new_err(
+                        "websocket.accept sent after the handshake was answered",
+                    ));
+                }
+                if self.client_left() {
+                    st.phase = Phase::Closed;
+                    return Err(ClientDisconnected::new_err(
+                        "the client left before the WebSocket was accepted",
+                    ));
+                }
+                let subprotocol = match get("subprotocol")? {
+                    Some(p) => Some(
+                        p.cast::<PyString>()
+                            .map_err(|_| {
+                                PyTypeError::new_err(
+                                    "websocket.accept 'subprotocol' must be a str or None",
+                                )
+                            })?
+                            .to_str()?
+                            .to_owned(),
+                    ),
+                    None => None,
+                };
+                let headers = match get("headers")? {
+                    Some(h) => parse_headers(&h, "websocket.accept")?,
+                    None => HeaderMap::new(),
+                };
+                st.phase = Phase::Accepted;
+                self.ws.decide(
+                    Decision::Accept {
+                        subprotocol,
+                        headers,
+                    },
+                    shared,
+                );
+                self.ctx.done(py)
+            }
+            "websocket.close" => {
+                let code: u16 = match get("code")? {
+                    Some(c) => {
+                        let c: i64 = c.extract().map_err(|_| {
+                            PyTypeError::new_err("websocket.close 'code' must be an int")
+                        })?;
+                        u16::try_from(c)
+                            .ok()
+                            .filter(|c| sendable_code(*c))
+                            .ok_or_else(|| {
+                                PyRuntimeError::new_err(format!(
+                                    "websocket.close 'code' {c} may not be sent \
+                                 (1000-1003, 1007-1014 or 3000-4999)"
+                                ))
+                            })?
+                    }
+                    None => 1000,
+                };
+                let reason = match get("reason")? {
+                    Some(r) => r
+                        .cast::<PyString>()
+                        .map_err(|_| {
+                            PyTypeError::new_err("websocket.close 'reason' must be a str")
+                        })?
+                        .to_str()?
+                        .to_owned(),
+                    None => String::new(),
+                };
+                if reason.len() > 123 {
+                    return Err(PyRuntimeError::new_err(
+                        "websocket.close 'reason' is longer than 123 bytes (RFC 6455 §5.5)",
+                    ));
+                }
+                match st.phase {
+                    Phase::Connecting | Phase::Handshake => {
+                        st.phase = Phase::Closed;
+                        if !self.client_left() {
+                            self.ws.decide(Decision::Deny, shared);
+                        }
+                        self.ws.lock().closed.get_or_insert((code, reason));
+                    }
+                    Phase::Accepted => {
+                        st.phase = Phase::Closed;
+                        let mut ws = self.ws.lock();
+                        if ws.closed.is_some() {
+                            return Err(ClientDisconnected::new_err("the WebSocket is closed"));
+                        }
+                        ws.outbound.push_back(Message::Close(Some(CloseFrame {
+                            code: CloseCode::from(code),
+                            reason: reason.into(),
+                        })));
+                        wake_tokio(&mut ws, shared);
+                    }
+                    Phase::Responding => {
+                        return Err(PyRuntimeError::new_err(
+                            "websocket.close during websocket.http.response",
+                        ))
+                    }
+                    Phase::Closed => {
+                        if self.client_left() {
+                            return Err(ClientDisconnected::new_err("the WebSocket is closed"));
+                        }
+                        return Err(PyRuntimeError::new_err("websocket.close sent twice"));
+                    }
+                }
+                self.ctx.done(py)
+            }
+            "websocket.http.response.start" => {
+                if !matches!(st.phase, Phase::Connecting | Phase::Handshake) {
+                    return Err(PyRuntimeError::new_err(
+                        "websocket.http.response.start after the handshake was answered",
+                    ));
+                }
+                const WHAT: &str = "websocket.http.response.start";
+                let status = parse_status(get("status")?, WHAT)?;
+                let headers = match get("headers")? {
+                    Some(h) => parse_headers(&h, WHAT)?,
+                    None => HeaderMap::new(),
+                };
+                st.http_head = Some((status, headers));
+                st.phase = Phase::Responding;
+                self.ctx.done(py)
+            }
+            "websocket.http.response.body" => {
+                if st.phase != Phase::Responding {
+                    return Err(PyRuntimeError::new_err(
+                        "websocket.http.response.body before websocket.http.response.start",
+                    ));
+                }
+                if let Some(b) = get("body")? {
+                    let b = body_bytes(&b, "websocket.http.response.body 'body'")?;
+                    st.http_body.extend_from_slice(&b);
+                }
+                let more = match get("more_body")? {
+                    Some(m) => m.is_truthy()?,
+                    None => false,
+                };
+                if !more {
+                    let (status, headers) = st.http_head.take().unwrap_or_default();
+                    let body = std::mem::take(&mut st.http_body).freeze();
+                    st.phase = Phase::Closed;
+                    if !self.client_left() {
+                        self.ws.decide(
+                            Decision::Respond(ResponseHead {
+                                status,
+                                headers,
+                                body: BodyOut::Full(body),
+                            }),
+                            shared,
+                        );
+                    }
+                    self.ws
+                        .lock()
+                        .closed
+                        .get_or_insert((ABNORMAL, String::new()));
+                }
+                self.ctx.done(py)
+            }
+            other => Err(PyRuntimeError::new_err(format!(
+                "unexpected ASGI message type {other:?} on a WebSocket connection"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The Tokio side of a handshake: hand it to the app, wait for the app's
+//! decision, then answer — 101 (and start the driver), 403, or the app's own
+//! HTTP response. Nothing reaches the wire before the app has decided.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
+use hyper::upgrade::OnUpgrade;
+
+use crate::bridge::queue::Event;
+use crate::http::body::ResponseBody;
+use crate::http::conn::{BusyGuard, ConnCtx};
+use crate::http::exchange::BodyOut;
+use crate::server::Shared;
+use crate::websocket::driver;
+use crate::websocket::handshake;
+use crate::websocket::shared::{Decision, WsShared, ABNORMAL};
+
+/// A handshake on its way to the application.
+pub(crate) struct WsRequest {
+    pub(crate) parts: Parts,
+    pub(crate) ws: Arc<WsShared>,
+    pub(crate) conn: Arc<ConnCtx>,
+    /// The client's `Sec-WebSocket-Protocol` offers, in order.
+    pub(crate) subprotocols: Vec<String>,
+}
+
+/// Tells the app the client left if the handshake is dropped undecided
+/// (hyper drops it when the client disconnects).
+struct LeftGuard<'a> {
+    ws: &'a Arc<WsShared>,
+    shared: &'a Shared,
+    armed: bool,
+}
+
+impl Drop for LeftGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ws.close(ABNORMAL, String::new(), self.shared);
+        }
+    }
+}
+
+fn respond(resp: Response<Bytes>, busy: BusyGuard) -> Response<ResponseBody> {
+    resp.map(|b| ResponseBody::full(b, busy))
+}
+
+/// Serves a WebSocket handshake; see the module docs.
+pub(crate) async fn handle(
+    mut parts: Parts,
+    conn: Arc<ConnCtx>,
+    busy: BusyGuard,
+) -> Response<ResponseBody> {
+    let shared = Arc::clone(&conn.shared);
+    let accept_key = match handshake::validate(&parts) {
+        Ok(k) => k,
+        Err(r) => return respond(handshake::plain(r.status, r.message), busy),
+    };
+    let on_upgrade = parts.extensions.remove::<OnUpgrade>();
+    let subprotocols = handshake::subprotocols(&parts.headers);
+    let ws = Arc::new(WsShared::default());
+    let mut guard = LeftGuard {
+        ws: &ws,
+        shared: &shared,
+        armed: true,
+    };
+    shared.queue.push(Event::WebSocket(Box::new(WsRequest {
+        parts,
+        ws: Arc::clone(&ws),
+        conn: Arc::clone(&conn),
+        subprotocols,
+    })));
+    let decision = poll_fn(|cx| ws.poll_decision(cx)).await;
+    guard.armed = false;
+    drop(guard);
+
+    match decision {
+        Decision::Accept {
+            subprotocol,
+            headers,
+        } => {
+            let switched =
+                handshake::switching_protocols(&accept_key, subprotocol.as_deref(), headers);
+            let (status, headers) = match (switched, on_upgrade) {
+                (Ok(sh), Some(up)) => {
+                    shared
+                        .tracker
+                        .spawn(driver::run(up, Arc::clone(&ws), Arc::clone(&conn)));
+                    sh
+                }
+                (Err(e), _) => {
+                    tracing::error!("cannot accept the WebSocket: {e}");
+                    ws.close(ABNORMAL, String::new(), &shared);
+                    return respond(
+                        handshake::plain(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "Internal Server Error",
+                        ),
+                        busy,
+                    );
+                }
+                (Ok(_), None) => {
+                    ws.close(ABNORMAL, String::new(), &shared);
+                    return respond(
+                        handshake::plain(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "Internal Server Error",
+                        ),
+                        busy,
+                    );
+                }
+            };
+            let mut resp = Response::new(ResponseBody::full(Bytes::new(), busy));
+            *resp.status_mut() = status;
+            *resp.headers_mut() = headers;
+            resp
+        }
+        Decision::Deny => respond(handshake::plain(StatusCode::FORBIDDEN, ""), busy),
+        Decision::Respond(head) => {
+            let body = match head.body {
+                BodyOut::Full(b) => b,
+                BodyOut::Stream => Bytes::new(),
+            };
+            let mut resp = Response::new(ResponseBody::full(body, busy));
+            *resp.status_mut() = head.status;
+            *resp.headers_mut() = head.headers;
+            resp
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The state one WebSocket shares between its Tokio side (the service, then
+//! the driver) and the app's `receive`/`send` on the asyncio thread.
+//!
+//! Bounded both ways: the driver stops reading once `ws_max_queue` messages
+//! wait for the app; `send()` waits once `ws_max_queue` messages wait for the
+//! client.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use http::HeaderMap;
+use parking_lot::{Mutex, MutexGuard};
+use pyo3::prelude::*;
+use tungstenite::Message;
+
+use crate::bridge::queue::Event;
+use crate::http::exchange::ResponseHead;
+use crate::server::Shared;
+
+/// Close code for an abnormal end: no close frame was exchanged (RFC 6455
+/// §7.1.5). Never sent on the wire.
+pub(crate) const ABNORMAL: u16 = 1006;
+/// The peer's close frame carried no code (RFC 6455 §7.1.5).
+pub(crate) const NO_STATUS: u16 = 1005;
+
+/// The app's answer to the handshake.
+pub(crate) enum Decision {
+    /// `websocket.accept`: 101 with this subprotocol and these headers.
+    Accept {
+        subprotocol: Option<String>,
+        headers: HeaderMap,
+    },
+    /// `websocket.close` before accept: 403.
+    Deny,
+    /// `websocket.http.response.*`, or a 500 after an app error.
+    Respond(ResponseHead),
+}
+
+/// Mutable state; see the module docs.
+#[derive(Default)]
+pub(crate) struct WsState {
+    pub(crate) decision: Option<Decision>,
+    /// The Tokio side waiting for the decision or for outbound messages.
+    pub(crate) tokio_waker: Option<Waker>,
+    /// Client → app messages waiting for `receive()`.
+    pub(crate) inbound: VecDeque<Message>,
+    /// The connection is over: `(code, reason)` for `websocket.disconnect`.
+    pub(crate) closed: Option<(u16, String)>,
+    pub(crate) recv_waiter: Option<Py<PyAny>>,
+    /// App → client messages (a `Close` last, if the app closes).
+    pub(crate) outbound: VecDeque<Message>,
+    /// `send()` calls waiting for room (several tasks may send on one
+    /// socket, e.g. a broadcast).
+    pub(crate) send_waiters: Vec<Py<PyAny>>,
+    /// The driver waits for the app to be idle (inbound queue empty and
+    /// `receive()` waiting) before it fails the connection: wake it then.
+    pub(crate) notify_idle: bool,
+}
+
+/// Shared per-WebSocket state.
+#[derive(Default)]
+pub(crate) struct WsShared {
+    st: Mutex<WsState>,
+    queued: AtomicBool,
+}
+
+impl WsShared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, WsState> {
+        self.st.lock()
+    }
+
+    /// Asks the asyncio thread to look at this socket's waiters.
+    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Shared) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            shared.queue.push(Event::WsWake(Arc::clone(self)));
+        }
+    }
+
+    pub(crate) fn unqueue(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    /// Tokio side: waits for the app's handshake decision.
+    pub(crate) fn poll_decision(&self, cx: &mut Context<'_>) -> Poll<Decision> {
+        let mut st = self.st.lock();
+        if let Some(d) = st.decision.take() {
+            return Poll::Ready(d);
+        }
+        register(&mut st.tokio_waker, cx);
+        Poll::Pending
+    }
+
+    /// Tokio side: the connection ended with `(code, reason)`; wake the app.
+    pub(crate) fn close(self: &Arc<Self>, code: u16, reason: String, shared: &Shared) {
+        let mut st = self.st.lock();
+        if st.closed.is_some() {
+            return;
+        }
+        st.closed = Some((code, reason));
+        let wake = st.recv_waiter.is_some() || !st.send_waiters.is_empty();
+        drop(st);
+        if wake {
+            self.needs_python(shared);
+        }
+    }
+
+    /// Python side: hands the decision to the Tokio side.
+    pub(crate) fn decide(&self, decision: Decision, shared: &Shared) {
+        let mut st = self.st.lock();
+        st.decision = Some(decision);
+        wake_tokio(&mut st, shared);
+    }
+}
+
+pub(crate) fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {
+    match slot {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        _ => *slot = Some(cx.waker().clone()),
+    }
+}
+
+/// Python side: wakes the Tokio task waiting on this socket (batched).
+pub(crate) fn wake_tokio(st: &mut WsState, shared: &Shared) {
+    if let Some(w) = st.tokio_waker.take() {
+        shared.wakeups.wake(w);
+    }
+}

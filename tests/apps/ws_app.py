@@ -1,0 +1,140 @@
+"""WebSocket applications for Skirr's tests; behaviour chosen by path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from urllib.parse import parse_qs
+
+EVENTS: list = []
+
+
+def record(e):
+    EVENTS.append(e)
+    path = os.environ.get("WS_EVENTS_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(e) + "\n")
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            await send({"type": m["type"] + ".complete"})
+            if m["type"] == "lifespan.shutdown":
+                return
+    if scope["type"] == "http":
+        if scope["path"] == "/events":
+            body = json.dumps(EVENTS).encode()
+        else:
+            body = b"ok"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+        return
+    assert scope["type"] == "websocket"
+    path = scope["path"]
+    q = {k: v[0] for k, v in parse_qs(scope["query_string"].decode()).items()}
+    connect = await receive()
+    assert connect["type"] == "websocket.connect"
+
+    if path == "/deny":
+        await send({"type": "websocket.close"})
+        return
+    if path == "/http-deny":
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"text/plain"), (b"x-why", b"token")],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": b"no ", "more_body": True})
+        await send({"type": "websocket.http.response.body", "body": b"entry"})
+        return
+    if path == "/error-before-accept":
+        raise RuntimeError("ws boom before accept")
+    if path == "/leave-before-accept":
+        m = await receive()
+        record({"before_accept": m["type"], "code": m.get("code")})
+        return
+
+    subprotocol = q.get("pick")
+    if subprotocol == "first":
+        subprotocol = scope["subprotocols"][0] if scope["subprotocols"] else None
+    await send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": [(b"x-accepted", b"yes")]})
+
+    if path == "/scope":
+        s = {k: v for k, v in scope.items() if k not in ("state",)}
+        s["headers"] = [[k.decode(), v.decode()] for k, v in scope["headers"]]
+        s["raw_path"] = scope["raw_path"].decode()
+        s["query_string"] = scope["query_string"].decode()
+        await send({"type": "websocket.send", "text": json.dumps(s)})
+        await send({"type": "websocket.close", "code": 1000})
+        return
+    if path == "/close-with":
+        await send({"type": "websocket.close", "code": int(q["code"]), "reason": q.get("reason", "")})
+        m = await receive()
+        record({"after_close": m["type"], "code": m.get("code")})
+        try:
+            await send({"type": "websocket.send", "text": "too late"})
+        except OSError as e:
+            record({"send_after_close": type(e).__name__})
+        except RuntimeError as e:
+            record({"send_after_close": "RuntimeError", "message": str(e)})
+        return
+    if path == "/error-after-accept":
+        raise RuntimeError("ws boom after accept")
+    if path == "/invalid":
+        try:
+            await send({"type": "websocket.send", "text": "a", "bytes": b"b"})
+        except RuntimeError as e:
+            await send({"type": "websocket.send", "text": f"RuntimeError: {e}"})
+        try:
+            await send({"type": "websocket.send", "text": b"bytes-as-text"})
+        except TypeError as e:
+            await send({"type": "websocket.send", "text": f"TypeError: {e}"})
+        await send({"type": "websocket.close"})
+        return
+    if path == "/slow-reader":
+        # Never reads: the server must stop reading from the client.
+        await asyncio.sleep(float(q.get("secs", "3")))
+        await send({"type": "websocket.close"})
+        return
+    if path == "/flood":
+        n = int(q.get("n", "1000"))
+        size = int(q.get("size", "65536"))
+        blob = b"f" * size
+        for _ in range(n):
+            await send({"type": "websocket.send", "bytes": blob})
+        await send({"type": "websocket.close"})
+        return
+    if path == "/two-senders":
+        blob = b"t" * 65536
+
+        async def sender(tag):
+            for _ in range(100):
+                await send({"type": "websocket.send", "bytes": blob})
+            record({"sender_done": tag})
+
+        await asyncio.gather(sender("a"), sender("b"))
+        await send({"type": "websocket.close"})
+        return
+    if path == "/idle":
+        while True:
+            m = await receive()
+            if m["type"] == "websocket.disconnect":
+                record({"idle_disconnect": m.get("code"), "reason": m.get("reason")})
+                return
+
+    # Echo until the client leaves; record how it left.
+    while True:
+        m = await receive()
+        if m["type"] == "websocket.disconnect":
+            record({"disconnect": m["code"], "reason": m.get("reason", ""), "tag": q.get("tag")})
+            return
+        if m.get("text") is not None:
+            await send({"type": "websocket.send", "text": m["text"]})
+        else:
+            await send({"type": "websocket.send", "bytes": m["bytes"]})

@@ -1,0 +1,388 @@
+"""WebSockets: handshake decisions, the ASGI events, RFC 6455 protocol rules
+(hand-made frames on raw sockets), backpressure, pings and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import time
+
+import pytest
+import websockets
+from harness import RawConn, request, rss_kib, skirr, wait_until
+from wsraw import BINARY, CLOSE, CONT, PING, PONG, TEXT, WsConn, close_payload, frame
+
+APP = "apps.ws_app:app"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with skirr(APP, "--no-access-log", "--ws-max-message-size", "100000") as s:
+        yield s
+
+
+def events(server):
+    return [e for e in json.loads(request(server.port, "GET", "/events").body) if isinstance(e, dict)]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+# ----------------------------------------------------------------- handshake
+
+
+def test_accept_with_subprotocol_from_repeated_headers_and_lists(server):
+    with WsConn(server.port) as c:
+        head = c.handshake("/echo?pick=first", protocols=["  chat , superchat", "v2"])
+        assert head.status == 101
+        assert head.header("sec-websocket-protocol") == "chat"
+        assert head.header("x-accepted") == "yes"
+        assert head.header("upgrade").lower() == "websocket"
+
+
+def test_scope_of_a_websocket(server):
+    async def go():
+        async with websockets.connect(f"ws://127.0.0.1:{server.port}/scope?x=1", subprotocols=["a", "b"]) as ws:
+            return json.loads(await ws.recv())
+
+    s = run(go())
+    assert s["type"] == "websocket"
+    assert s["asgi"] == {"version": "3.0", "spec_version": "2.5"}
+    assert s["scheme"] == "ws" and s["http_version"] == "1.1"
+    assert s["path"] == "/scope" and s["raw_path"] == "/scope" and s["query_string"] == "x=1"
+    assert s["root_path"] == ""
+    assert s["subprotocols"] == ["a", "b"]
+    assert s["client"][0] == "127.0.0.1" and s["server"] == ["127.0.0.1", server.port]
+    assert "websocket.http.response" in s["extensions"]
+    assert any(k == "sec-websocket-key" for k, _ in s["headers"])
+
+
+def test_nothing_is_sent_before_the_app_decides(server):
+    with WsConn(server.port) as c:
+        key = "dGhlIHNhbXBsZSBub25jZQ=="
+        c.send(
+            f"GET /leave-before-accept HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        assert not c.is_closed(timeout=0.3)
+        assert c.buf == b"", "no response may be written before the app's decision"
+
+
+def test_close_before_accept_is_403(server):
+    with WsConn(server.port) as c:
+        assert c.handshake("/deny").status == 403
+
+
+def test_http_response_extension(server):
+    with WsConn(server.port) as c:
+        head = c.handshake("/http-deny")
+        assert head.status == 401
+        assert head.header("x-why") == "token"
+        assert c.read_exact(int(head.header("content-length"))) == b"no entry"
+
+
+def test_exception_before_accept_is_500_and_logged(server):
+    with WsConn(server.port) as c:
+        assert c.handshake("/error-before-accept").status == 500
+    wait_until(lambda: "ws boom before accept" in server.logs(), what="traceback")
+
+
+def test_disconnect_is_delivered_when_the_client_leaves_before_accept(server):
+    with WsConn(server.port) as c:
+        c.send(
+            b"GET /leave-before-accept HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        time.sleep(0.1)
+    got = wait_until(lambda: [e for e in events(server) if "before_accept" in e], what="event")
+    assert got[0]["before_accept"] == "websocket.disconnect" and got[0]["code"] == 1006
+
+
+def test_bad_handshakes_are_refused_without_the_app(server):
+    with RawConn(server.port) as c:
+        c.send(
+            b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n"
+        )
+        r = c.read_response()
+        assert r.status == 426 and r.header("sec-websocket-version") == "13"
+    with RawConn(server.port) as c:
+        c.send(b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        assert c.read_response().status == 400
+
+
+# ------------------------------------------------------------------ messages
+
+
+def test_text_and_bytes_echo_with_a_real_client(server):
+    async def go():
+        async with websockets.connect(f"ws://127.0.0.1:{server.port}/echo") as ws:
+            await ws.send("héllo")
+            t = await ws.recv()
+            await ws.send(b"\x00\xff")
+            b = await ws.recv()
+            return t, b
+
+    assert run(go()) == ("héllo", b"\x00\xff")
+
+
+def test_fragmented_message_with_a_ping_between_fragments(server):
+    with WsConn(server.port) as c:
+        assert c.handshake().status == 101
+        c.send(frame(TEXT, b"frag", fin=False))
+        c.send(frame(PING, b"in-between"))
+        c.send(frame(CONT, b"ment", fin=False))
+        c.send(frame(CONT, b"ed"))
+        frames = [c.read_frame(), c.read_frame()]
+        assert (PONG, True, b"in-between") in frames
+        assert (TEXT, True, b"fragmented") in frames
+
+
+def test_ping_is_answered_with_the_same_payload(server):
+    with WsConn(server.port) as c:
+        c.handshake()
+        c.send(frame(PING, b"are you there"))
+        assert c.read_frame() == (PONG, True, b"are you there")
+
+
+def test_close_code_and_reason_from_the_client_reach_the_app(server):
+    with WsConn(server.port) as c:
+        c.handshake("/echo?tag=c1")
+        c.send(frame(CLOSE, close_payload(4001, "bye now")))
+        assert c.read_close() == (4001, "bye now")
+        assert c.is_closed()
+    got = wait_until(lambda: [e for e in events(server) if e.get("tag") == "c1"], what="disconnect")
+    assert got[0]["disconnect"] == 4001 and got[0]["reason"] == "bye now"
+
+
+def test_close_without_code_is_1005_to_the_app(server):
+    with WsConn(server.port) as c:
+        c.handshake("/echo?tag=c2")
+        c.send(frame(CLOSE))
+        c.read_close()
+    got = wait_until(lambda: [e for e in events(server) if e.get("tag") == "c2"], what="disconnect")
+    assert got[0]["disconnect"] == 1005
+
+
+def test_abnormal_drop_is_1006_to_the_app(server):
+    with WsConn(server.port) as c:
+        c.handshake("/echo?tag=c3")
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    got = wait_until(lambda: [e for e in events(server) if e.get("tag") == "c3"], what="disconnect")
+    assert got[0]["disconnect"] == 1006
+
+
+def test_app_close_code_and_reason_reach_the_client_and_send_after_close_raises(server):
+    with WsConn(server.port) as c:
+        c.handshake("/close-with?code=4002&reason=done")
+        assert c.read_close() == (4002, "done")
+        c.send(frame(CLOSE, close_payload(4002, "done")))
+        assert c.is_closed()
+    got = wait_until(
+        lambda: (lambda e: e if len(e) >= 2 else None)(
+            [e for e in events(server) if "after_close" in e or "send_after_close" in e]
+        ),
+        what="events",
+    )
+    kinds = {k: v for e in got for k, v in e.items()}
+    assert kinds["after_close"] == "websocket.disconnect" and kinds["code"] == 4002
+    assert kinds["send_after_close"] in ("ClientDisconnected", "RuntimeError")
+
+
+def test_invalid_send_messages_raise_clear_errors(server):
+    async def go():
+        async with websockets.connect(f"ws://127.0.0.1:{server.port}/invalid") as ws:
+            return [await ws.recv(), await ws.recv()]
+
+    a, b = run(go())
+    assert a.startswith("RuntimeError:") and "exactly one of 'bytes' or 'text'" in a
+    assert b.startswith("TypeError:") and "'text' must be a str" in b
+
+
+def test_exception_after_accept_closes_with_1011(server):
+    with WsConn(server.port) as c:
+        c.handshake("/error-after-accept")
+        assert c.read_close()[0] == 1011
+
+
+# ------------------------------------------------------------ protocol rules
+
+
+@pytest.mark.parametrize(
+    "bad,code",
+    [
+        (frame(TEXT, b"\xff\xfe"), 1007),  # invalid UTF-8
+        (frame(TEXT, b"unmasked", mask=False), 1002),
+        (frame(TEXT, b"x", rsv=4), 1002),  # reserved bit
+        (frame(0x3, b"x"), 1002),  # reserved data opcode
+        (frame(0xB, b"x"), 1002),  # reserved control opcode
+        (frame(PING, b"p" * 126), 1002),  # control frame over 125 bytes
+        (frame(PING, b"p", fin=False), 1002),  # fragmented control frame
+        (frame(CONT, b"nothing to continue"), 1002),
+        (frame(CLOSE, b"\x03"), 1002),  # close payload of one byte
+        (frame(CLOSE, close_payload(1005)), 1002),  # a code that may not be sent
+        (frame(BINARY, b"b" * 100_001), 1009),  # above --ws-max-message-size
+    ],
+)
+def test_protocol_violations_close_with_the_right_code(server, bad, code):
+    with WsConn(server.port) as c:
+        assert c.handshake().status == 101
+        c.send(bad)
+        assert c.read_close()[0] == code
+        assert c.is_closed(timeout=5)
+
+
+def test_messages_before_a_bad_frame_are_answered_first(server):
+    with WsConn(server.port) as c:
+        c.handshake()
+        c.send(frame(TEXT, b"first") + frame(TEXT, b"x", rsv=2))
+        assert c.read_frame() == (TEXT, True, b"first")
+        assert c.read_close()[0] == 1002
+
+
+# -------------------------------------------------------- flow and liveness
+
+
+def test_server_pings_and_closes_a_dead_peer():
+    with skirr(APP, "--ws-ping-interval", "0.3", "--ws-ping-timeout", "0.3") as s:
+        with WsConn(s.port) as c:
+            c.handshake()
+            op, _, _ = c.read_frame()
+            assert op == PING, "an idle socket is pinged"
+            # Never answer: the server gives up with 1011.
+            code, reason = c.read_close()
+            assert code == 1011 and "ping timeout" in reason
+
+
+def test_answered_pings_keep_the_socket_open():
+    with skirr(APP, "--ws-ping-interval", "0.2", "--ws-ping-timeout", "0.2") as s:
+        with WsConn(s.port) as c:
+            c.handshake()
+            for _ in range(4):
+                op, _, payload = c.read_frame()
+                assert op == PING
+                c.send(frame(PONG, payload))
+            c.send(frame(TEXT, b"still here"))
+            assert c.read_frame() == (TEXT, True, b"still here")
+
+
+def test_slow_app_makes_the_server_stop_reading(server):
+    with WsConn(server.port, timeout=10) as c:
+        c.handshake("/slow-reader?secs=4")
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)
+        c.sock.setblocking(False)
+        sent, msg = 0, frame(BINARY, b"s" * 60_000)
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            try:
+                sent += c.sock.send(msg)
+            except BlockingIOError:
+                time.sleep(0.01)
+        # The app reads nothing; the server queues at most ws_max_queue (32)
+        # messages plus socket buffers before it stops reading.
+        assert sent < 32 * 60_000 + 8 * 1024 * 1024, f"server accepted {sent} bytes"
+
+
+def test_slow_client_makes_the_apps_send_wait():
+    with skirr(APP, "--no-access-log") as s:
+        base = rss_kib(s.proc.pid)
+        with WsConn(s.port, timeout=10) as c:
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+            c.handshake("/flood?n=2000&size=65536")  # 128 MiB if it were all buffered
+            time.sleep(1.0)
+            grown = rss_kib(s.proc.pid) - base
+            assert grown < 40 * 1024, f"RSS grew {grown / 1024:.1f} MiB: send() must wait for the client"
+            got = 0
+            while got < 200 * 65536:
+                got += len(c.read_frame()[2])
+
+
+def test_two_tasks_sending_to_one_slow_client_both_finish(server):
+    with WsConn(server.port, timeout=20) as c:
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        c.handshake("/two-senders")
+        time.sleep(0.5)  # both senders block on the full queue meanwhile
+        n = 0
+        while True:
+            op, _, _ = c.read_frame()
+            if op == CLOSE:
+                break
+            n += 1
+        assert n == 200
+    done = wait_until(
+        lambda: (lambda e: e if len(e) == 2 else None)([e for e in events(server) if "sender_done" in e]),
+        what="both senders",
+    )
+    assert {e["sender_done"] for e in done} == {"a", "b"}
+
+
+def test_thousand_idle_websockets_on_one_worker():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+    n = 1000
+    with skirr(APP, "--no-access-log", "--log-level", "warning") as s:
+        request(s.port)
+        base = rss_kib(s.proc.pid)
+        conns = []
+        try:
+            for _ in range(n):
+                c = WsConn(s.port)
+                c.send(
+                    b"GET /idle HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                )
+                conns.append(c)
+            for c in conns:
+                assert c.read_head().status == 101
+            per_conn = (rss_kib(s.proc.pid) - base) / n
+            print(f"\n{n} idle WebSockets: {per_conn:.1f} KiB RSS each")
+            assert per_conn < 64, f"{per_conn:.1f} KiB per idle WebSocket"
+            c = conns[-1]
+            c.send(frame(TEXT, b"alive?"))
+            c.send(frame(CLOSE, close_payload(1000)))
+        finally:
+            for c in conns:
+                c.close()
+        assert request(s.port).status == 200
+
+
+# ------------------------------------------------------------------ shutdown
+
+
+def test_sigterm_closes_websockets_with_1001_after_the_drain_deadline():
+    with skirr(APP, "--graceful-timeout", "0.5") as s:
+        with WsConn(s.port) as c:
+            c.handshake("/idle")
+            t0 = time.monotonic()
+            s.send_signal(signal.SIGTERM)
+            code, _ = c.read_close()
+            assert code == 1001
+            assert time.monotonic() - t0 >= 0.4, "WebSockets keep going until the drain deadline"
+            c.send(frame(CLOSE, close_payload(1001)))
+        assert s.wait(15) == 0
+
+
+def test_websocket_outlives_gunicorns_timeout():
+    from harness import gunicorn
+
+    with gunicorn(APP, "-w", "1", "--timeout", "2", "--graceful-timeout", "1") as g:
+
+        async def go():
+            async with websockets.connect(f"ws://127.0.0.1:{g.port}/echo") as ws:
+                for i in range(5):
+                    await ws.send(f"beat {i}")
+                    assert await ws.recv() == f"beat {i}"
+                    await asyncio.sleep(1)
+                return True
+
+        assert run(go())
+        with WsConn(g.port) as c:
+            c.handshake("/idle")
+            g.send_signal(signal.SIGTERM)
+            assert c.read_close()[0] == 1001
+        assert g.wait(15) == 0
