@@ -57,3 +57,23 @@ async def stream(scope, receive, send):
     await send({"type": "http.response.body", "body": b"first\n", "more_body": True})
     await asyncio.sleep(0.05)
     await send({"type": "http.response.body", "body": b"last\n"})
+
+
+async def ws_echo(scope, receive, send):
+    """ws_echo: a WebSocket echo; HTTP requests get a plain 200."""
+    if scope["type"] == "lifespan":
+        return await _lifespan(receive, send)
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": TEXT})
+        await send({"type": "http.response.body", "body": b"ws"})
+        return
+    await receive()
+    await send({"type": "websocket.accept"})
+    while True:
+        m = await receive()
+        if m["type"] == "websocket.disconnect":
+            return
+        if m.get("text") is not None:
+            await send({"type": "websocket.send", "text": m["text"]})
+        else:
+            await send({"type": "websocket.send", "bytes": m["bytes"]})

@@ -209,8 +209,10 @@ class Cell:
     error: str | None = None
 
 
-def start_server(name: str, w: Workload, port: int, venv: Path) -> subprocess.Popen:
+def start_server(name: str, w: Workload, port: int, venv: Path, websockets: bool = False) -> subprocess.Popen:
     tmpl = SERVERS[name]
+    if websockets:
+        tmpl = tmpl.replace(" --no-ws", "")
     app = w.app
     cmd = tmpl.format(py=venv / "bin" / "python", bin=venv / "bin", app=app, port=port, root=ROOT)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -334,6 +336,101 @@ def stream_first_byte(name: str, venv: Path, samples: int = 20) -> dict | None:
         stop_server(proc)
 
 
+def measure_ws(name: str, conns: int, args, venv: Path) -> dict:
+    """ws_echo: messages per second through a WebSocket echo, driven by the
+    compiled client (`bench/loadgen ws`) on the load-generator CPU."""
+    if name == "hyper":
+        return {"server": name, "connections": conns, "error": "not applicable"}
+    w = Workload("ws_echo", "bench.apps:ws_echo", "/", expect_body=b"ws")
+    port = free_port()
+    proc = start_server(name, w, port, venv, websockets=True)
+    out = {"server": name, "connections": conns, "runs": []}
+    try:
+        if not wait_ready(port, proc):
+            out["error"] = "did not start"
+            return out
+        for _ in range(50):
+            if verify(port, w) is None:
+                break
+            time.sleep(0.1)
+        url = f"ws://127.0.0.1:{port}/"
+        cmd = ["taskset", "-c", CLIENT_CPU, str(ROOT / "target/release/loadgen"), "ws", url, str(conns)]
+        subprocess.run([*cmd, "1"], capture_output=True, text=True)
+        for _ in range(args.runs):
+            t0 = tree_cpu_ticks(proc.pid)
+            wall0 = time.monotonic()
+            p = subprocess.run([*cmd, str(args.duration)], capture_output=True, text=True)
+            try:
+                r = json.loads(p.stdout)
+            except ValueError:
+                out["error"] = (p.stdout + p.stderr)[-300:]
+                return out
+            r["server_cpu_pct"] = 100.0 * (tree_cpu_ticks(proc.pid) - t0) / CLK / (time.monotonic() - wall0)
+            out["runs"].append(r)
+        out["pss_kib"] = tree_pss_kib(proc.pid)
+        mps = [r["mps"] for r in out["runs"]]
+        out["mps_median"], out["mps_min"], out["mps_max"] = statistics.median(mps), min(mps), max(mps)
+        out["p99_ms"] = statistics.median(r["p99_ms"] for r in out["runs"])
+        out["errors"] = sum(r["errors"] for r in out["runs"])
+        if any(r["messages"] == 0 for r in out["runs"]):
+            out["error"] = "no messages echoed"
+        return out
+    finally:
+        stop_server(proc)
+
+
+def measure_idle(name: str, n: int, venv: Path) -> dict:
+    """PSS of the server's process tree with `n` idle keep-alive connections
+    (each has made one request), minus PSS before they were opened."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n + 100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 1000), hard))
+    w = WORKLOADS["raw_get"]
+    if name == "hyper":
+        w = Workload(w.name, "", "/", expect_body=w.expect_body)
+    port = free_port()
+    proc = start_server(name, w, port, venv)
+    out = {"server": name, "connections": n}
+    socks = []
+    try:
+        if not wait_ready(port, proc):
+            out["error"] = "did not start"
+            return out
+        for _ in range(50):
+            if verify(port, w) is None:
+                break
+            time.sleep(0.1)
+        before = tree_pss_kib(proc.pid)
+        req = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(req)
+            socks.append(s)
+        got = 0
+        for s in socks:
+            if b"Hello, world!" in s.recv(4096):
+                got += 1
+        time.sleep(0.5)
+        after = tree_pss_kib(proc.pid)
+        out.update(
+            pss_before_kib=before,
+            pss_after_kib=after,
+            answered=got,
+            delta_mib=(after - before) / 1024.0,
+            alive=proc.poll() is None,
+        )
+        return out
+    except OSError as e:
+        out["error"] = f"{type(e).__name__}: {e} after {len(socks)} connections"
+        return out
+    finally:
+        for s in socks:
+            s.close()
+        stop_server(proc)
+
+
 def summarize(cell: Cell) -> dict:
     d = {k: v for k, v in cell.__dict__.items() if k != "runs"}
     d["runs"] = cell.runs
@@ -422,6 +519,36 @@ def markdown(report: dict) -> str:
                 f"{c['errors']} | {c['non2xx']} | {c['server_cpu_pct']:.0f} | {c['client_cpu_pct']:.0f} | {pss} |"
             )
         lines.append("")
+    if report.get("ws_echo"):
+        lines.append("### ws_echo (16-byte text messages, compiled client `bench/loadgen ws`)")
+        lines.append("")
+        lines.append("| server | connections | msgs/s (min–max) | p99 ms | errors | server CPU % | PSS MiB |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
+        for c in report["ws_echo"]:
+            if c.get("error"):
+                lines.append(f"| {c['server']} | {c['connections']} | {c['error']} | | | | |")
+                continue
+            cpu = statistics.median(r["server_cpu_pct"] for r in c["runs"])
+            lines.append(
+                f"| {c['server']} | {c['connections']} | {c['mps_median']:,.0f} "
+                f"({c['mps_min']:,.0f}–{c['mps_max']:,.0f}) | {c['p99_ms']:.2f} | {c['errors']} | {cpu:.0f} | "
+                f"{c['pss_kib'] / 1024:.1f} |"
+            )
+        lines.append("")
+    if report.get("idle"):
+        lines.append(f"### {report['args']['idle']:,} idle keep-alive connections")
+        lines.append("")
+        lines.append("| server | answered | PSS before MiB | PSS with connections MiB | cost MiB |")
+        lines.append("|---|---:|---:|---:|---:|")
+        for c in report["idle"]:
+            if c.get("error"):
+                lines.append(f"| {c['server']} | {c['error']} | | | |")
+                continue
+            lines.append(
+                f"| {c['server']} | {c['answered']:,} | {c['pss_before_kib'] / 1024:.1f} | "
+                f"{c['pss_after_kib'] / 1024:.1f} | {c['delta_mib']:.1f} |"
+            )
+        lines.append("")
     if report.get("stream"):
         lines.append("### Streaming (first chunk, 50 ms sleep, last chunk; median of 20)")
         lines.append("")
@@ -443,6 +570,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--stream", action="store_true", help="also measure streaming first byte")
+    p.add_argument("--ws", default="", help="ws_echo connection counts, e.g. 16,256 (empty: skip)")
+    p.add_argument("--idle", type=int, default=0, help="idle keep-alive connections to hold (0: skip)")
     p.add_argument("--venv", default=str(BENCH / ".venv"))
     p.add_argument("--keep-raw", action="store_true", help="keep wrk's raw output in the JSON")
     p.add_argument("--out", default=None, help="artifact path prefix (default bench/results/<stamp>)")
@@ -474,6 +603,7 @@ def main(argv=None) -> int:
             "runs": args.runs,
             "server_cpu": SERVER_CPU,
             "client_cpu": CLIENT_CPU,
+        "idle": args.idle,
         },
         "cells": [],
     }
@@ -494,6 +624,19 @@ def main(argv=None) -> int:
                     print(f"{c:>4} {w.name:<13} {s:<15} {cell.error}", flush=True)
     if args.stream:
         report["stream"] = {s: stream_first_byte(s, venv) for s in servers if s != "hyper"}
+    if args.ws:
+        report["ws_echo"] = []
+        for c in (int(x) for x in args.ws.split(",")):
+            for s in servers:
+                r = measure_ws(s, c, args, venv)
+                report["ws_echo"].append(r)
+                print(f"ws {c:>4} {s:<15} {r.get('mps_median', 0):>10,.0f} msg/s {r.get('error', '')}", flush=True)
+    if args.idle:
+        report["idle"] = []
+        for s in servers:
+            r = measure_idle(s, args.idle, venv)
+            report["idle"].append(r)
+            print(f"idle {args.idle} {s:<15} {r.get('delta_mib', 0):.1f} MiB {r.get('error', '')}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else RESULTS / stamp

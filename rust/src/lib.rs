@@ -19,9 +19,6 @@ mod websocket;
 
 use pyo3::prelude::*;
 
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// The `skirr._skirr` extension module.
 #[pymodule]
 fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -2,6 +2,7 @@
 //! never in Gunicorn's master.
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,40 @@ use tokio::runtime::{Builder, Runtime};
 use crate::server::listen::StdListener;
 use crate::server::run::{self, RunError};
 use crate::server::Shared;
+
+/// Gives memory freed by parked connections back to the OS.
+///
+/// A burst of activity leaves hyper's per-connection buffers freed but
+/// still mapped (the allocator keeps them); once enough connections have
+/// parked, `malloc_trim` returns the free pages. It runs on the Tokio thread
+/// just before it idles, so never while requests are waiting.
+#[derive(Default)]
+pub(crate) struct Trim {
+    parked: AtomicUsize,
+}
+
+impl Trim {
+    /// Parked connections that make a trim worthwhile (each freed ≈ 8 KiB).
+    const MIN_PARKED: usize = 128;
+
+    /// A connection parked (its hyper buffers were freed).
+    pub(crate) fn parked(&self) {
+        self.parked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn maybe_trim(&self) {
+        if self.parked.load(Ordering::Relaxed) < Self::MIN_PARKED {
+            return;
+        }
+        self.parked.store(0, Ordering::Relaxed);
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free heap pages; it takes the
+        // allocator's locks itself and is safe to call from any thread.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
 
 /// A current-thread runtime for one thread (it runs on the caller's thread:
 /// no extra thread, no cross-thread task stealing), else a multi-thread one.
@@ -22,7 +57,10 @@ fn build(shared: &Arc<Shared>) -> io::Result<Runtime> {
         let s = Arc::clone(shared);
         Builder::new_current_thread()
             .enable_all()
-            .on_thread_park(move || s.queue.flush())
+            .on_thread_park(move || {
+                s.queue.flush();
+                s.trim.maybe_trim();
+            })
             .build()
     } else {
         Builder::new_multi_thread()

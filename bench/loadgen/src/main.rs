@@ -1,4 +1,4 @@
-//! A fixed-count HTTP/1.1 load client.
+//! Skirr's benchmark load client.
 //!
 //! `loadgen http HOST:PORT PATH CONNECTIONS REQUESTS [POST_BYTES]` sends
 //! `REQUESTS` requests in total over `CONNECTIONS` keep-alive connections
@@ -6,6 +6,12 @@
 //! requests, errors, non-2xx, seconds, req/s. Used where an exact number of
 //! requests matters (instructions-per-request counts under callgrind), where
 //! wrk's time-based runs do not fit.
+//!
+//! `loadgen ws URL CONNECTIONS SECONDS [SIZE]` opens `CONNECTIONS` WebSockets
+//! to an echo endpoint; each sends a `SIZE`-byte text message (default 16),
+//! waits for its echo, and repeats for `SECONDS`. Prints messages, errors,
+//! seconds, msgs/s and p50/p99 round-trip latency. Python clients saturate
+//! long before the servers do, hence a compiled client.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -107,11 +113,98 @@ async fn worker(addr: String, request: Arc<Vec<u8>>, todo: Arc<AtomicU64>, stats
     }
 }
 
+async fn ws_worker(url: String, payload: String, until: Instant, stats: Arc<Stats>) -> Vec<u32> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let mut rtts = Vec::new();
+    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url.as_str()).await else {
+        stats.errors.fetch_add(1, Ordering::Relaxed);
+        return rtts;
+    };
+    while Instant::now() < until {
+        let t0 = Instant::now();
+        if ws.send(Message::text(payload.clone())).await.is_err() {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            return rtts;
+        }
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) if t.len() == payload.len() => break,
+                Some(Ok(_)) => continue,
+                _ => {
+                    stats.errors.fetch_add(1, Ordering::Relaxed);
+                    return rtts;
+                }
+            }
+        }
+        rtts.push(t0.elapsed().as_micros() as u32);
+        stats.ok.fetch_add(1, Ordering::Relaxed);
+    }
+    let _ = ws.close(None).await;
+    rtts
+}
+
+async fn ws_main(args: &[String]) {
+    let url = args[2].clone();
+    let conns: usize = args[3].parse().expect("CONNECTIONS must be an integer");
+    let secs: f64 = args[4].parse().expect("SECONDS must be a number");
+    let size: usize = args.get(5).map(|s| s.parse().expect("SIZE")).unwrap_or(16);
+    let payload = "m".repeat(size);
+    let stats = Arc::new(Stats {
+        ok: AtomicU64::new(0),
+        non2xx: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+    });
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(secs);
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            tokio::spawn(ws_worker(
+                url.clone(),
+                payload.clone(),
+                until,
+                Arc::clone(&stats),
+            ))
+        })
+        .collect();
+    let mut rtts = Vec::new();
+    for t in tasks {
+        if let Ok(v) = t.await {
+            rtts.extend(v);
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    rtts.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if rtts.is_empty() {
+            return 0.0;
+        }
+        let i = ((rtts.len() as f64 - 1.0) * p).round() as usize;
+        rtts[i] as f64 / 1000.0
+    };
+    let ok = stats.ok.load(Ordering::Relaxed);
+    println!(
+        "{{\"messages\": {}, \"errors\": {}, \"seconds\": {:.3}, \"mps\": {:.1}, \"p50_ms\": {:.3}, \"p99_ms\": {:.3}}}",
+        ok,
+        stats.errors.load(Ordering::Relaxed),
+        elapsed,
+        ok as f64 / elapsed,
+        pct(0.5),
+        pct(0.99)
+    );
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.len() >= 5 && args[1] == "ws" {
+        return ws_main(&args).await;
+    }
     if args.len() < 6 || args[1] != "http" {
-        eprintln!("usage: loadgen http HOST:PORT PATH CONNECTIONS REQUESTS [POST_BYTES]");
+        eprintln!(
+            "usage: loadgen http HOST:PORT PATH CONNECTIONS REQUESTS [POST_BYTES]\n       \
+             loadgen ws URL CONNECTIONS SECONDS [SIZE]"
+        );
         std::process::exit(2);
     }
     let addr = args[2].clone();

@@ -1,31 +1,47 @@
-//! One client connection: hyper's HTTP/1.1 state machine plus the timers
-//! hyper does not have in the shape a server needs.
+//! One client connection: hyper's HTTP/1.1 state machine, the timers hyper
+//! does not have in the shape a server needs, and idle parking.
 //!
-//! hyper's own `header_read_timeout` starts whenever it waits for a request
-//! head, so it also ends idle keep-alive connections; Skirr needs two
-//! distinct limits. [`Activity`] tracks the connection's phase (idle,
-//! reading a head, busy with a request) and one timer per connection checks
-//! it lazily: the clock is read only on phase changes and when the timer
-//! fires, never per byte.
+//! * Timers. hyper's own `header_read_timeout` starts whenever it waits for
+//!   a request head, so it also ends idle keep-alive connections; Skirr
+//!   needs two distinct limits. [`Activity`] tracks the connection's phase
+//!   (idle, reading a head, busy with a request) and one timer per
+//!   connection checks it lazily: the clock is read only on phase changes
+//!   and when the timer fires, never per byte.
+//! * Parking. hyper keeps about 10 KiB of buffers per connection. A new
+//!   connection waits for its first byte before hyper is involved, and a
+//!   keep-alive connection idle for [`PARK_AFTER`] is handed back by hyper
+//!   (`graceful_shutdown` on an idle connection, then `into_parts`, without
+//!   shutting the socket down) and waits as a bare socket until it becomes
+//!   readable again. Bytes hyper had read ahead are replayed to the next
+//!   reader ([`ConnIo`]).
+//! * Upgrades. When the app accepts a WebSocket, hyper writes the 101 and
+//!   hands the socket back the same way; the WebSocket driver then runs in
+//!   this connection's task, under the same stop orders.
 
-use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::http::io::{ConnIo, Readiness};
 use crate::http::service;
+use crate::server::connections::{Member, Order};
 use crate::server::Shared;
+use crate::websocket::shared::WsShared;
+
+/// An idle keep-alive connection is parked after this long.
+pub(crate) const PARK_AFTER: Duration = Duration::from_millis(250);
 
 /// Where a listener is bound, for `scope["server"]`.
 #[derive(Debug, Clone)]
@@ -54,6 +70,9 @@ pub(crate) struct ConnCtx {
     /// as anything (the connection task, or a WebSocket it became) keeps
     /// the context alive.
     _permit: Option<OwnedSemaphorePermit>,
+    /// Set by the WebSocket service when the app accepts: once hyper has
+    /// written the 101, the socket goes to the WebSocket driver.
+    pub(crate) upgrade: Mutex<Option<Arc<WsShared>>>,
 }
 
 /// `CLOCK_MONOTONIC_COARSE` in milliseconds: read once per request, so the
@@ -97,7 +116,7 @@ impl Activity {
         a
     }
 
-    fn on_bytes(&self) {
+    pub(crate) fn on_bytes(&self) {
         if !self.busy.load(Ordering::Relaxed) && !self.reading_head.load(Ordering::Relaxed) {
             self.reading_head.store(true, Ordering::Relaxed);
             self.since_ms.store(clock_ms(), Ordering::Relaxed);
@@ -112,6 +131,15 @@ impl Activity {
     pub(crate) fn end_request(&self) {
         self.since_ms.store(clock_ms(), Ordering::Relaxed);
         self.busy.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the connection has been idle (no request, no partial head)
+    /// for at least `d`.
+    fn idle_for(&self, d: Duration) -> bool {
+        !self.busy.load(Ordering::Relaxed)
+            && !self.reading_head.load(Ordering::Relaxed)
+            && clock_ms().saturating_sub(self.since_ms.load(Ordering::Relaxed))
+                >= d.as_millis() as u64
     }
 
     /// `Ok(next check)` or `Err(reason)` when the connection must close.
@@ -159,171 +187,50 @@ impl Drop for BusyGuard {
     }
 }
 
-/// Transport wrapper that reports the first byte of each request head.
-struct TrackedIo<I> {
-    inner: I,
-    conn: Arc<ConnCtx>,
+/// Why hyper stopped serving the socket.
+enum Stopped {
+    /// The connection is over (closed, failed, timed out, ordered to stop).
+    Ended(&'static str),
+    /// Idle: parked by us; the socket comes back.
+    Parked,
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for TrackedIo<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.conn.activity.on_bytes();
+/// Waits, without hyper, until the socket is readable. `Err(reason)` if the
+/// connection must close instead.
+async fn wait_readable<I: Readiness>(
+    io: &mut ConnIo<I>,
+    ctx: &ConnCtx,
+    member: &Member<'_>,
+) -> Result<(), &'static str> {
+    let cfg = &ctx.shared.config;
+    let (keepalive, header) = (cfg.keepalive_timeout, cfg.header_read_timeout);
+    let mut timer = pin!(tokio::time::sleep_until(deadline_at(
+        ctx.activity.check(keepalive, header)?
+    )));
+    poll_fn(|cx| {
+        member.register(cx.waker());
+        if member.order() != Order::Serve {
+            return Poll::Ready(Err("server stop"));
         }
-        res
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for TrackedIo<I> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// What the server asks of a connection.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u8)]
-pub(crate) enum Order {
-    Serve = 0,
-    /// Finish the in-flight response, then close. Open WebSockets carry on.
-    Drain = 1,
-    /// The drain deadline passed: WebSockets send close 1001 ("going
-    /// away"); HTTP connections close at once.
-    GoingAway = 2,
-    /// Close at once.
-    Abort = 3,
-}
-
-/// A connection's stop signal: an atomic the connection reads when polled
-/// (one load per wake, instead of polling cancellation futures), plus its
-/// task's waker so the server can wake it when the order changes.
-#[derive(Default)]
-struct ConnSignal {
-    order: AtomicU8,
-    waker: Mutex<Option<Waker>>,
-}
-
-impl ConnSignal {
-    fn order(&self) -> Order {
-        match self.order.load(Ordering::Acquire) {
-            0 => Order::Serve,
-            1 => Order::Drain,
-            2 => Order::GoingAway,
-            _ => Order::Abort,
+        if let Poll::Ready(r) = io.poll_readable(cx) {
+            return Poll::Ready(r.map_err(|_| "read error"));
         }
-    }
-}
-
-#[derive(Default)]
-struct Registry {
-    next: u64,
-    order: u8,
-    live: HashMap<u64, Arc<ConnSignal>>,
-}
-
-/// Every live connection of a worker, so that a drain or an abort reaches
-/// each of them. Touched once when a connection opens and once when it
-/// closes; never per request.
-#[derive(Default)]
-pub(crate) struct Connections {
-    inner: Mutex<Registry>,
-}
-
-/// A connection's membership in [`Connections`]; leaves on drop.
-pub(crate) struct Member<'a> {
-    conns: &'a Connections,
-    id: u64,
-    signal: Arc<ConnSignal>,
-}
-
-impl Member<'_> {
-    /// The current order for this connection.
-    pub(crate) fn order(&self) -> Order {
-        self.signal.order()
-    }
-
-    /// Stores the task's waker so an order can wake it (call once: a Tokio
-    /// task's waker stays valid for the task's life).
-    pub(crate) fn register(&self, waker: &Waker) {
-        *self.signal.waker.lock() = Some(waker.clone());
-    }
-}
-
-impl Drop for Member<'_> {
-    fn drop(&mut self) {
-        self.conns.inner.lock().live.remove(&self.id);
-    }
-}
-
-impl Connections {
-    /// Registers a connection (HTTP or WebSocket) for the server's orders.
-    pub(crate) fn join(&self) -> Member<'_> {
-        let mut r = self.inner.lock();
-        r.next += 1;
-        let id = r.next;
-        let signal = Arc::new(ConnSignal {
-            order: AtomicU8::new(r.order),
-            waker: Mutex::new(None),
-        });
-        r.live.insert(id, Arc::clone(&signal));
-        Member {
-            conns: self,
-            id,
-            signal,
-        }
-    }
-
-    /// Sends an order to every connection, current and future.
-    pub(crate) fn order_all(&self, order: Order) {
-        let mut r = self.inner.lock();
-        r.order = r.order.max(order as u8);
-        for signal in r.live.values() {
-            signal.order.fetch_max(order as u8, Ordering::AcqRel);
-            // Wake by reference: a later order must be able to wake it too.
-            if let Some(w) = signal.waker.lock().as_ref() {
-                w.wake_by_ref();
+        if timer.as_mut().poll(cx).is_ready() {
+            match ctx.activity.check(keepalive, header) {
+                Ok(next) => {
+                    timer.as_mut().reset(deadline_at(next));
+                    cx.waker().wake_by_ref();
+                }
+                Err(reason) => return Poll::Ready(Err(reason)),
             }
         }
-    }
-
-    /// How many connections are open.
-    pub(crate) fn len(&self) -> usize {
-        self.inner.lock().live.len()
-    }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Serves one connection until it closes, times out, or the server orders
-/// it to stop (see [`Connections::order_all`]).
+/// it to stop (see [`Connections::order_all`](crate::server::connections::Connections::order_all)).
 pub(crate) async fn serve<I>(
     io: I,
     shared: Arc<Shared>,
@@ -331,7 +238,7 @@ pub(crate) async fn serve<I>(
     peer: Option<SocketAddr>,
     permit: Option<OwnedSemaphorePermit>,
 ) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + Readiness + Unpin + Send + 'static,
 {
     let member = shared.connections.join();
     let ctx = Arc::new(ConnCtx {
@@ -341,49 +248,119 @@ pub(crate) async fn serve<I>(
         py_client: OnceLock::new(),
         activity: Activity::new(),
         _permit: permit,
+        upgrade: Mutex::new(None),
     });
-    let svc = {
-        let ctx = Arc::clone(&ctx);
-        service_fn(move |req| service::handle(req, Arc::clone(&ctx)))
-    };
-    let io = TokioIo::new(TrackedIo {
+    let mut io = ConnIo {
         inner: io,
+        prefix: Bytes::new(),
         conn: Arc::clone(&ctx),
-    });
-    let mut conn = pin!(shared.http1.serve_connection(io, svc).with_upgrades());
-    let keepalive = shared.config.keepalive_timeout;
-    let header = shared.config.header_read_timeout;
-    let first = clock_ms() + header.min(keepalive).as_millis() as u64;
+    };
+    let mut svc = {
+        let ctx = Arc::clone(&ctx);
+        // Boxed: hyper's socket hand-back (`poll_without_shutdown`) needs an
+        // `Unpin` service future.
+        service_fn(move |req| Box::pin(service::handle(req, Arc::clone(&ctx))))
+    };
+    let why = loop {
+        // Parked (a new connection starts here): no hyper state at all.
+        if let Err(reason) = wait_readable(&mut io, &ctx, &member).await {
+            break reason;
+        }
+        // Boxed, like the WebSocket driver below: a parked connection's task
+        // then holds only a pointer where an active one holds hyper's state.
+        let mut conn = Box::new(shared.http1.serve_connection(TokioIo::new(io), svc));
+        let stopped = Box::pin(drive(&mut conn, &ctx, &member)).await;
+        let parts = conn.into_parts();
+        io = parts.io.into_inner();
+        svc = parts.service;
+        if !parts.read_buf.is_empty() {
+            io.prefix = parts.read_buf;
+        }
+        let upgraded = ctx.upgrade.lock().take();
+        if let Some(ws) = upgraded {
+            Box::pin(crate::websocket::driver::run(io, ws, &ctx, &member)).await;
+            return;
+        }
+        match stopped {
+            Stopped::Parked => {
+                shared.trim.parked();
+                continue;
+            }
+            Stopped::Ended(reason) => {
+                // hyper left the socket open; close our side cleanly.
+                let _ = io.shutdown().await;
+                break reason;
+            }
+        }
+    };
+    tracing::debug!("connection from {:?} done: {why}", peer);
+}
+
+/// Runs hyper on the socket until the connection ends, is parked, or is
+/// upgraded (hyper then stops after writing the 101).
+async fn drive<I, S>(
+    conn: &mut hyper::server::conn::http1::Connection<TokioIo<ConnIo<I>>, S>,
+    ctx: &ConnCtx,
+    member: &Member<'_>,
+) -> Stopped
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<
+            hyper::body::Incoming,
+            ResBody = crate::http::body::ResponseBody,
+        > + Unpin,
+    S::Future: Unpin,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let cfg = &ctx.shared.config;
+    let (keepalive, header) = (cfg.keepalive_timeout, cfg.header_read_timeout);
+    let park_after = PARK_AFTER.min(keepalive);
+    let first = clock_ms() + park_after.as_millis() as u64;
     let mut timer = pin!(tokio::time::sleep_until(deadline_at(first)));
     let mut registered = false;
     let mut draining = false;
+    let mut parking = false;
     let mut timer_armed = false;
-    let end = poll_fn(|cx| {
+    poll_fn(|cx| {
         if !registered {
             member.register(cx.waker());
             registered = true;
         }
         match member.order() {
-            Order::Abort | Order::GoingAway => return Poll::Ready("server stop"),
+            Order::Abort | Order::GoingAway => return Poll::Ready(Stopped::Ended("server stop")),
             Order::Drain if !draining => {
                 draining = true;
-                conn.as_mut().graceful_shutdown();
+                Pin::new(&mut *conn).graceful_shutdown();
             }
             _ => {}
         }
-        if let Poll::Ready(res) = conn.as_mut().poll(cx) {
+        if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
             if let Err(e) = res {
-                tracing::debug!("connection from {:?} ended: {e}", peer);
+                tracing::debug!("connection ended: {e}");
+                return Poll::Ready(Stopped::Ended("error"));
             }
-            return Poll::Ready("closed");
+            return Poll::Ready(if parking && !draining {
+                Stopped::Parked
+            } else {
+                Stopped::Ended("closed")
+            });
         }
         // The timer is polled only to (re)arm it or once it has fired; an
         // ordinary wake costs one atomic load here.
         if !timer_armed || timer.is_elapsed() {
             if timer_armed {
+                if !parking && !draining && ctx.activity.idle_for(park_after) {
+                    parking = true;
+                    Pin::new(&mut *conn).graceful_shutdown();
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 match ctx.activity.check(keepalive, header) {
-                    Ok(next) => timer.as_mut().reset(deadline_at(next)),
-                    Err(reason) => return Poll::Ready(reason),
+                    Ok(next) => {
+                        let park_at = clock_ms() + park_after.as_millis() as u64;
+                        timer.as_mut().reset(deadline_at(next.min(park_at)))
+                    }
+                    Err(reason) => return Poll::Ready(Stopped::Ended(reason)),
                 }
             }
             timer_armed = true;
@@ -393,8 +370,7 @@ pub(crate) async fn serve<I>(
         }
         Poll::Pending
     })
-    .await;
-    tracing::debug!("connection from {:?} done: {end}", peer);
+    .await
 }
 
 #[cfg(test)]
@@ -431,42 +407,6 @@ mod tests {
             a.check_at(t0 + 6000, KA, HEAD),
             Err("request head not received in time")
         );
-    }
-
-    #[test]
-    fn every_order_wakes_the_connection() {
-        use std::sync::atomic::AtomicUsize;
-        use std::task::Wake;
-
-        struct Counter(AtomicUsize);
-        impl Wake for Counter {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-        let counter = Arc::new(Counter(AtomicUsize::new(0)));
-        let waker = Waker::from(Arc::clone(&counter));
-        let conns = Connections::default();
-        let m = conns.join();
-        m.register(&waker);
-        conns.order_all(Order::Drain);
-        assert_eq!(m.order(), Order::Drain);
-        conns.order_all(Order::GoingAway);
-        assert_eq!(m.order(), Order::GoingAway);
-        assert_eq!(
-            counter.0.load(Ordering::SeqCst),
-            2,
-            "the second order must wake too"
-        );
-        let late = conns.join();
-        assert_eq!(
-            late.order(),
-            Order::GoingAway,
-            "a later connection gets the order"
-        );
-        drop(m);
-        drop(late);
-        assert_eq!(conns.len(), 0);
     }
 
     #[test]

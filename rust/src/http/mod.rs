@@ -9,6 +9,7 @@
 pub(crate) mod body;
 pub(crate) mod conn;
 pub(crate) mod exchange;
+pub(crate) mod io;
 pub(crate) mod message;
 pub(crate) mod protocol;
 pub(crate) mod scope;

@@ -1,6 +1,7 @@
 //! The server: shared state, the Python-facing [`Server`] object, and the
 //! orchestration of a worker's life (see [`run`]).
 
+pub(crate) mod connections;
 pub(crate) mod listen;
 pub(crate) mod run;
 
@@ -20,9 +21,9 @@ use crate::bridge::queue::{Event, PyQueue};
 use crate::bridge::wake::Wakeups;
 use crate::config::Config;
 use crate::errors::StartupFailed;
-use crate::http::conn::Connections;
 use crate::lifespan::{self, LifespanProtocol};
 use crate::logging;
+use crate::server::connections::Connections;
 
 /// Why the server stops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) connections: Connections,
     /// Every connection and WebSocket task, to wait for them at shutdown.
     pub(crate) tracker: TaskTracker,
+    /// Memory returned by parked connections, not yet given back to the OS.
+    pub(crate) trim: crate::runtime::Trim,
 }
 
 impl Shared {
@@ -67,6 +70,7 @@ impl Shared {
             stop: watch::channel(None).0,
             connections: Connections::default(),
             tracker: TaskTracker::new(),
+            trim: crate::runtime::Trim::default(),
         })
     }
 

@@ -11,8 +11,8 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::bridge::queue::Event;
-use crate::http::conn::Order;
 use crate::lifespan;
+use crate::server::connections::Order;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
 use crate::server::{Shared, Stop};
 

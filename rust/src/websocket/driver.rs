@@ -19,8 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Sink, Stream};
-use hyper::upgrade::{OnUpgrade, Upgraded};
-use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{sleep, Instant, Sleep};
 use tokio_tungstenite::WebSocketStream;
 use tungstenite::error::ProtocolError;
@@ -28,10 +27,15 @@ use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tungstenite::{Error, Message};
 
-use crate::http::conn::{ConnCtx, Order};
+use crate::http::conn::ConnCtx;
+use crate::http::io::ConnIo;
+use crate::server::connections::{Member, Order};
 use crate::websocket::shared::{register, WsShared, ABNORMAL, NO_STATUS};
 
-type Ws = WebSocketStream<TokioIo<Upgraded>>;
+/// The socket after the 101, with any bytes hyper had read ahead replayed.
+trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
+type Ws<'a> = WebSocketStream<&'a mut dyn Socket>;
 
 /// How long the peer gets to answer our close frame before the TCP
 /// connection is closed anyway.
@@ -244,12 +248,7 @@ impl Driver {
         }
     }
 
-    fn poll(
-        &mut self,
-        ws: &mut Ws,
-        cx: &mut Context<'_>,
-        member: &crate::http::conn::Member<'_>,
-    ) -> Poll<()> {
+    fn poll(&mut self, ws: &mut Ws, cx: &mut Context<'_>, member: &Member<'_>) -> Poll<()> {
         if !self.waker_registered {
             member.register(cx.waker());
             self.waker_registered = true;
@@ -324,18 +323,17 @@ impl Driver {
     }
 }
 
-/// Runs an accepted WebSocket until it closes; see the module docs.
-pub(crate) async fn run(on_upgrade: OnUpgrade, ws: Arc<WsShared>, conn: Arc<ConnCtx>) {
+/// Runs an accepted WebSocket until it closes; see the module docs. Runs in
+/// the task of the connection it upgraded, on the socket hyper handed back.
+pub(crate) async fn run<I>(
+    mut io: ConnIo<I>,
+    ws: Arc<WsShared>,
+    conn: &Arc<ConnCtx>,
+    member: &Member<'_>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let shared = Arc::clone(&conn.shared);
-    let member = shared.connections.join();
-    let upgraded = match on_upgrade.await {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::debug!("WebSocket upgrade failed: {e}");
-            ws.close(ABNORMAL, String::new(), &shared);
-            return;
-        }
-    };
     let cfg = &shared.config;
     let max = cfg.ws_max_message_size;
     let config = WebSocketConfig::default()
@@ -344,13 +342,13 @@ pub(crate) async fn run(on_upgrade: OnUpgrade, ws: Arc<WsShared>, conn: Arc<Conn
         // Small read buffer: an idle socket should cost little memory.
         .read_buffer_size(4096)
         .write_buffer_size(0);
-    let mut stream =
-        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+    let socket: &mut dyn Socket = &mut io;
+    let mut stream = WebSocketStream::from_raw_socket(socket, Role::Server, Some(config)).await;
     let ping_timer =
         (!cfg.ws_ping_interval.is_zero()).then(|| Box::pin(sleep(cfg.ws_ping_interval)));
     let mut driver = Driver {
         ws: Arc::clone(&ws),
-        conn: Arc::clone(&conn),
+        conn: Arc::clone(conn),
         close_sent: false,
         outcome: None,
         close_timer: None,
@@ -361,7 +359,7 @@ pub(crate) async fn run(on_upgrade: OnUpgrade, ws: Arc<WsShared>, conn: Arc<Conn
         peer_closed: false,
         finishing: None,
     };
-    poll_fn(|cx| driver.poll(&mut stream, cx, &member)).await;
+    poll_fn(|cx| driver.poll(&mut stream, cx, member)).await;
     let (code, reason) = driver.outcome.take().unwrap_or((ABNORMAL, String::new()));
     ws.close(code, reason, &shared);
 }

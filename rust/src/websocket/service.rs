@@ -15,7 +15,6 @@ use crate::http::body::ResponseBody;
 use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::BodyOut;
 use crate::server::Shared;
-use crate::websocket::driver;
 use crate::websocket::handshake;
 use crate::websocket::shared::{Decision, WsShared, ABNORMAL};
 
@@ -59,7 +58,9 @@ pub(crate) async fn handle(
         Ok(k) => k,
         Err(r) => return respond(handshake::plain(r.status, r.message), busy),
     };
-    let on_upgrade = parts.extensions.remove::<OnUpgrade>();
+    // The upgrade is taken over by the connection task (see http::conn),
+    // not through hyper's `OnUpgrade`.
+    drop(parts.extensions.remove::<OnUpgrade>());
     let subprotocols = handshake::subprotocols(&parts.headers);
     let ws = Arc::new(WsShared::default());
     let mut guard = LeftGuard {
@@ -84,25 +85,15 @@ pub(crate) async fn handle(
         } => {
             let switched =
                 handshake::switching_protocols(&accept_key, subprotocol.as_deref(), headers);
-            let (status, headers) = match (switched, on_upgrade) {
-                (Ok(sh), Some(up)) => {
-                    shared
-                        .tracker
-                        .spawn(driver::run(up, Arc::clone(&ws), Arc::clone(&conn)));
+            let (status, headers) = match switched {
+                Ok(sh) => {
+                    // Once hyper has written the 101 it hands the socket
+                    // back to the connection task, which runs the driver.
+                    *conn.upgrade.lock() = Some(Arc::clone(&ws));
                     sh
                 }
-                (Err(e), _) => {
+                Err(e) => {
                     tracing::error!("cannot accept the WebSocket: {e}");
-                    ws.close(ABNORMAL, String::new(), &shared);
-                    return respond(
-                        handshake::plain(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "Internal Server Error",
-                        ),
-                        busy,
-                    );
-                }
-                (Ok(_), None) => {
                     ws.close(ABNORMAL, String::new(), &shared);
                     return respond(
                         handshake::plain(

@@ -1,0 +1,131 @@
+//! The transport under hyper and tungstenite: the socket, plus bytes to
+//! replay first, plus the activity tracking the connection timers need.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::http::conn::ConnCtx;
+
+/// Sockets whose read readiness can be awaited, and read without waiting.
+pub(crate) trait Readiness {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+impl Readiness for TcpStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        TcpStream::poll_read_ready(self, cx)
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        TcpStream::try_read(self, buf)
+    }
+}
+
+impl Readiness for UnixStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        UnixStream::poll_read_ready(self, cx)
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        UnixStream::try_read(self, buf)
+    }
+}
+
+/// A connection's socket as hyper and tungstenite see it.
+///
+/// `prefix` holds bytes already read from the socket that a new reader must
+/// see first (what hyper had buffered when it handed the socket back).
+/// Reads report the first byte of each request head to the connection's
+/// activity tracker.
+pub(crate) struct ConnIo<I> {
+    pub(crate) inner: I,
+    pub(crate) prefix: Bytes,
+    pub(crate) conn: Arc<ConnCtx>,
+}
+
+impl<I: Readiness> ConnIo<I> {
+    /// Ready when bytes have arrived (kept in `prefix` for the next reader)
+    /// or the peer closed. Readiness alone is not trusted: Tokio reports a
+    /// newly accepted socket as readable, so a read is attempted, and a
+    /// `WouldBlock` clears that readiness.
+    pub(crate) fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let mut buf = [0u8; 2048];
+        loop {
+            match self.inner.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+            match self.inner.try_read(&mut buf) {
+                Ok(n) => {
+                    // n == 0 is end of stream: hyper will see it too.
+                    self.prefix = Bytes::copy_from_slice(&buf[..n]);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            self.conn.activity.on_bytes();
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.conn.activity.on_bytes();
+        }
+        res
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

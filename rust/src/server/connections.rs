@@ -1,0 +1,162 @@
+//! Every live connection of a worker, so the server can order them to
+//! drain, send WebSocket "going away" closes, or abort.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::Waker;
+
+use parking_lot::Mutex;
+
+/// What the server asks of a connection.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub(crate) enum Order {
+    Serve = 0,
+    /// Finish the in-flight response, then close. Open WebSockets carry on.
+    Drain = 1,
+    /// The drain deadline passed: WebSockets send close 1001 ("going
+    /// away"); HTTP connections close at once.
+    GoingAway = 2,
+    /// Close at once.
+    Abort = 3,
+}
+
+/// A connection's stop signal: an atomic the connection reads when polled
+/// (one load per wake, instead of polling cancellation futures), plus its
+/// task's waker so the server can wake it when the order changes.
+#[derive(Default)]
+struct ConnSignal {
+    order: AtomicU8,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl ConnSignal {
+    fn order(&self) -> Order {
+        match self.order.load(Ordering::Acquire) {
+            0 => Order::Serve,
+            1 => Order::Drain,
+            2 => Order::GoingAway,
+            _ => Order::Abort,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    order: u8,
+    live: HashMap<u64, Arc<ConnSignal>>,
+}
+
+/// Every live connection of a worker, so that a drain or an abort reaches
+/// each of them. Touched once when a connection opens and once when it
+/// closes; never per request.
+#[derive(Default)]
+pub(crate) struct Connections {
+    inner: Mutex<Registry>,
+}
+
+/// A connection's membership in [`Connections`]; leaves on drop.
+pub(crate) struct Member<'a> {
+    conns: &'a Connections,
+    id: u64,
+    signal: Arc<ConnSignal>,
+}
+
+impl Member<'_> {
+    /// The current order for this connection.
+    pub(crate) fn order(&self) -> Order {
+        self.signal.order()
+    }
+
+    /// Stores the task's waker so an order can wake it (call once: a Tokio
+    /// task's waker stays valid for the task's life).
+    pub(crate) fn register(&self, waker: &Waker) {
+        *self.signal.waker.lock() = Some(waker.clone());
+    }
+}
+
+impl Drop for Member<'_> {
+    fn drop(&mut self) {
+        self.conns.inner.lock().live.remove(&self.id);
+    }
+}
+
+impl Connections {
+    /// Registers a connection (HTTP or WebSocket) for the server's orders.
+    pub(crate) fn join(&self) -> Member<'_> {
+        let mut r = self.inner.lock();
+        r.next += 1;
+        let id = r.next;
+        let signal = Arc::new(ConnSignal {
+            order: AtomicU8::new(r.order),
+            waker: Mutex::new(None),
+        });
+        r.live.insert(id, Arc::clone(&signal));
+        Member {
+            conns: self,
+            id,
+            signal,
+        }
+    }
+
+    /// Sends an order to every connection, current and future.
+    pub(crate) fn order_all(&self, order: Order) {
+        let mut r = self.inner.lock();
+        r.order = r.order.max(order as u8);
+        for signal in r.live.values() {
+            signal.order.fetch_max(order as u8, Ordering::AcqRel);
+            // Wake by reference: a later order must be able to wake it too.
+            if let Some(w) = signal.waker.lock().as_ref() {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    /// How many connections are open.
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().live.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_order_wakes_the_connection() {
+        use std::sync::atomic::AtomicUsize;
+        use std::task::Wake;
+
+        struct Counter(AtomicUsize);
+        impl Wake for Counter {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let counter = Arc::new(Counter(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&counter));
+        let conns = Connections::default();
+        let m = conns.join();
+        m.register(&waker);
+        conns.order_all(Order::Drain);
+        assert_eq!(m.order(), Order::Drain);
+        conns.order_all(Order::GoingAway);
+        assert_eq!(m.order(), Order::GoingAway);
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            2,
+            "the second order must wake too"
+        );
+        let late = conns.join();
+        assert_eq!(
+            late.order(),
+            Order::GoingAway,
+            "a later connection gets the order"
+        );
+        drop(m);
+        drop(late);
+        assert_eq!(conns.len(), 0);
+    }
+}
