@@ -240,15 +240,24 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 30) -> bool:
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
+    """Stops the server and every process it started (some peers fork
+    workers into their own sessions, out of reach of a group kill)."""
+    pids = tree_pids(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in reversed(pids):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            proc.wait(10 if sig == signal.SIGTERM else None)
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids[1:]):
+            time.sleep(0.05)
+        if not any(os.path.exists(f"/proc/{p}") for p in pids[1:]):
+            return
 
 
 def measure(name: str, w: Workload, conns: int, args, venv: Path) -> Cell:

@@ -165,6 +165,28 @@ def test_keepalive_timeout_closes_idle_connections():
                 time.sleep(0.1)
 
 
+def test_keep_alive_connection_parked_while_idle_still_serves(server):
+    # Idle connections are handed back by hyper after 250 ms (see
+    # rust/src/http/conn.rs); the next request must not notice.
+    with RawConn(server.port) as c:
+        for _ in range(3):
+            c.send(b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.read_response().status == 200
+            time.sleep(0.4)
+
+
+def test_request_split_around_the_park_delay(server):
+    with RawConn(server.port) as c:
+        c.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.read_response()
+        time.sleep(0.4)
+        c.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-")
+        time.sleep(0.4)
+        c.send(b"Length: 5\r\n\r\nhello")
+        r = c.read_response()
+        assert r.status == 200 and r.body == b"hello"
+
+
 def test_first_chunk_arrives_before_the_app_sends_the_second(server):
     with RawConn(server.port) as c:
         c.send(b"GET /gated-stream?key=k1 HTTP/1.1\r\nHost: x\r\n\r\n")

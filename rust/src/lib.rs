@@ -24,6 +24,7 @@ use pyo3::prelude::*;
 fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<server::Server>()?;
+    bridge::slots::install(py);
     m.add(
         "ClientDisconnected",
         py.get_type::<errors::ClientDisconnected>(),

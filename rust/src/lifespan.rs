@@ -18,6 +18,7 @@ use crate::bridge::context::{resolve, AppContext};
 use crate::bridge::names::names;
 use crate::bridge::queue::Event;
 use crate::bridge::task::{call_app, Owner, Task};
+use crate::bridge::waiter::Waiter;
 use crate::config::LifespanMode;
 use crate::http::message::{is, message_type};
 use crate::server::Shared;
@@ -49,7 +50,7 @@ struct LsState {
     shutdown_delivered: bool,
     startup_tx: Option<oneshot::Sender<Outcome>>,
     shutdown_tx: Option<oneshot::Sender<Outcome>>,
-    waiter: Option<Py<PyAny>>,
+    waiter: Option<Py<Waiter>>,
     finished: bool,
 }
 
@@ -115,9 +116,9 @@ impl LifespanProtocol {
             st.shutdown_delivered = true;
             return ready(py, event(py, &n.lifespan_shutdown)?);
         }
-        let fut = self.ctx.create_future(py)?;
+        let fut = self.ctx.waiter(py)?;
         st.waiter = Some(fut.clone().unbind());
-        Ok(fut)
+        Ok(fut.into_any())
     }
 
     /// `lifespan.{startup,shutdown}.{complete,failed}`.
@@ -224,7 +225,7 @@ pub(crate) fn handle(
                 st.shutdown_delivered = true;
                 drop(st);
                 if let Ok(msg) = event(py, &names(py).lifespan_shutdown) {
-                    resolve(py, w.bind(py), msg);
+                    resolve(w.bind(py), msg);
                 }
             }
         }

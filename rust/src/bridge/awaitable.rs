@@ -41,6 +41,12 @@ impl Ready {
     }
 }
 
+impl Ready {
+    pub(crate) fn await_step(&self) -> crate::bridge::slots::AwaitStep {
+        crate::bridge::slots::AwaitStep::Return(self.value.lock().take())
+    }
+}
+
 /// An awaitable that completes with `value`.
 pub(crate) fn ready<'py>(py: Python<'py>, value: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     Ok(Bound::new(

@@ -12,6 +12,7 @@ use pyo3::types::{PyDict, PyString};
 
 use crate::bridge::names::names;
 use crate::bridge::task::Task;
+use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
 use crate::server::Shared;
 
@@ -22,7 +23,6 @@ pub(crate) struct AppContext {
     pub(crate) app: Py<PyAny>,
     /// The asyncio loop the apps run on.
     pub(crate) event_loop: Py<PyAny>,
-    create_future: Py<PyAny>,
     /// An asyncio future that is already done with `None`: what `send()`
     /// returns when it need not wait. Awaiting a done future is all C code
     /// in `_asyncio` (no call into Skirr, no exception raised).
@@ -100,7 +100,6 @@ impl AppContext {
             shared,
             app: p.app,
             event_loop: p.event_loop.clone_ref(py),
-            create_future: create_future.unbind(),
             done: done.unbind(),
             tasks: Mutex::new(HashMap::new()),
             http_template: t.unbind(),
@@ -119,9 +118,9 @@ impl AppContext {
         Ok(self.done.bind(py).clone())
     }
 
-    /// A new asyncio future on the server's loop.
-    pub(crate) fn create_future<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.create_future.bind(py).call0()
+    /// A new [`Waiter`] on the server's loop.
+    pub(crate) fn waiter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, Waiter>> {
+        Waiter::new(py, &self.event_loop)
     }
 
     /// Logs `msg` at ERROR, with the traceback of `err` when given.
@@ -152,29 +151,18 @@ impl AppContext {
     }
 }
 
-/// Completes an asyncio future with `value`, unless it was already done
-/// (cancelled by the app). Returns whether the value was delivered.
-pub(crate) fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, value: Bound<'_, PyAny>) -> bool {
-    let n = names(py);
-    if is_done(py, fut) {
-        return false;
-    }
-    fut.call_method1(n.set_result.bind(py), (value,)).is_ok()
+/// Completes a waiter with `value`, unless it was already done (cancelled
+/// by the app). Returns whether the value was delivered.
+pub(crate) fn resolve(waiter: &Bound<'_, Waiter>, value: Bound<'_, PyAny>) -> bool {
+    Waiter::complete(waiter, Ok(value))
 }
 
-/// Fails an asyncio future with `ClientDisconnected(msg)` unless it is done.
-pub(crate) fn fail_disconnected(py: Python<'_>, fut: &Bound<'_, PyAny>, msg: &str) {
-    let n = names(py);
-    if is_done(py, fut) {
-        return;
-    }
-    let exc = ClientDisconnected::new_err(msg.to_owned()).into_value(py);
-    let _ = fut.call_method1(n.set_exception.bind(py), (exc,));
+/// Fails a waiter with `ClientDisconnected(msg)` unless it is done.
+pub(crate) fn fail_disconnected(waiter: &Bound<'_, Waiter>, msg: &str) {
+    Waiter::complete(waiter, Err(ClientDisconnected::new_err(msg.to_owned())));
 }
 
-/// Whether an asyncio future is done (a failing check counts as done).
-pub(crate) fn is_done(py: Python<'_>, fut: &Bound<'_, PyAny>) -> bool {
-    fut.call_method0(names(py).done.bind(py))
-        .and_then(|d| d.is_truthy())
-        .unwrap_or(true)
+/// Whether a waiter is done (completed or cancelled).
+pub(crate) fn is_done(waiter: &Bound<'_, Waiter>) -> bool {
+    !waiter.get().is_pending()
 }

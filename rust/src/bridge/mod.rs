@@ -20,5 +20,7 @@ pub(crate) mod awaitable;
 pub(crate) mod context;
 pub(crate) mod names;
 pub(crate) mod queue;
+pub(crate) mod slots;
 pub(crate) mod task;
+pub(crate) mod waiter;
 pub(crate) mod wake;

@@ -56,8 +56,16 @@ names! {
     body = "body",
     more_body = "more_body",
     message = "message",
+    text = "text",
+    bytes = "bytes",
+    code = "code",
+    reason = "reason",
+    subprotocol = "subprotocol",
     // message types
     http_request = "http.request",
+    websocket_connect = "websocket.connect",
+    websocket_receive = "websocket.receive",
+    websocket_disconnect = "websocket.disconnect",
     http_disconnect = "http.disconnect",
     lifespan_startup = "lifespan.startup",
     lifespan_shutdown = "lifespan.shutdown",
@@ -65,10 +73,6 @@ names! {
     lifespan_startup_failed = "lifespan.startup.failed",
     lifespan_shutdown_complete = "lifespan.shutdown.complete",
     lifespan_shutdown_failed = "lifespan.shutdown.failed",
-    // methods and attributes called from Rust
-    set_result = "set_result",
-    set_exception = "set_exception",
-    done = "done",
     // request methods (the common ones are shared, others are built per request)
     get = "GET",
     head = "HEAD",

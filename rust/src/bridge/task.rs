@@ -44,6 +44,7 @@ use pyo3::types::{PyDict, PyTuple};
 use pyo3::PyTraverseError;
 
 use crate::bridge::context::AppContext;
+use crate::bridge::waiter::{Waiter, IN_STEP};
 use crate::http::protocol::HttpProtocol;
 use crate::lifespan::LifespanProtocol;
 use crate::websocket::protocol::WebSocketProtocol;
@@ -98,16 +99,16 @@ impl Owner {
 }
 
 /// Python objects the task module needs, looked up once.
-struct Asyncio {
+pub(crate) struct Asyncio {
     enter_task: Py<PyAny>,
     leave_task: Py<PyAny>,
-    cancelled_error: Py<PyAny>,
-    invalid_state: Py<PyAny>,
+    pub(crate) cancelled_error: Py<PyAny>,
+    pub(crate) invalid_state: Py<PyAny>,
 }
 
 static ASYNCIO: PyOnceLock<Asyncio> = PyOnceLock::new();
 
-fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
+pub(crate) fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
     ASYNCIO.get_or_try_init(py, || {
         let tasks = py.import("asyncio.tasks")?;
         let exc = py.import("asyncio.exceptions")?;
@@ -234,7 +235,9 @@ impl Task {
         let entered = aio.enter_task.bind(py).call1((loop_, slf));
         let outcome = match entered {
             Ok(_) => {
+                let was = IN_STEP.with(|f| f.replace(true));
                 let outcome = this.run_coro(py, exc);
+                IN_STEP.with(|f| f.set(was));
                 if let Err(e) = aio.leave_task.bind(py).call1((loop_, slf)) {
                     this.ctx
                         .log_error(py, "asyncio _leave_task failed", Some(&e));
@@ -317,12 +320,58 @@ impl Task {
         }
     }
 
+    /// Resumes a task whose [`Waiter`] completed, now (the caller is the
+    /// loop's reader callback, outside any task step).
+    pub(crate) fn resume(slf: &Bound<'_, Task>) -> PyResult<()> {
+        Task::step(slf, None, true)
+    }
+
+    /// Resumes a task on the next loop iteration, in its context.
+    pub(crate) fn schedule(slf: &Bound<'_, Task>) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(pyo3::intern!(py, "context"), this.context.bind(py))?;
+        let step = slf.getattr(pyo3::intern!(py, "_step"))?;
+        this.ctx
+            .event_loop
+            .bind(py)
+            .call_method("call_soon", (step,), Some(&kwargs))?;
+        Ok(())
+    }
+
     /// The coroutine yielded `value`: wait for it (a future), or step again
     /// on the next loop iteration (a bare `yield`).
     fn suspend(slf: &Bound<'_, Task>, value: Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
         this.register(slf);
+        if let Ok(waiter) = value.cast::<Waiter>() {
+            // The shortcut: the waiter steps this task when it completes.
+            if waiter.get().is_pending() {
+                waiter.get().attach(slf.clone().unbind());
+                let must_cancel = {
+                    let mut st = this.st.lock();
+                    st.fut_waiter = Some(value.clone().unbind());
+                    st.must_cancel
+                };
+                if must_cancel {
+                    let msg = this
+                        .st
+                        .lock()
+                        .cancel_message
+                        .as_ref()
+                        .map(|m| m.clone_ref(py));
+                    if Waiter::cancel(waiter, msg) {
+                        this.st.lock().must_cancel = false;
+                    }
+                }
+            } else {
+                // Completed between the yield and now: step again soon.
+                Task::schedule(slf)?;
+            }
+            return Ok(());
+        }
         let context = this.context.bind(py);
         let kwargs = PyDict::new(py);
         kwargs.set_item(pyo3::intern!(py, "context"), context)?;

@@ -22,6 +22,8 @@ use http::{HeaderMap, StatusCode};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 
+use crate::bridge::waiter::Waiter;
+
 use crate::bridge::queue::Event;
 use crate::server::Shared;
 
@@ -66,7 +68,7 @@ pub(crate) struct ExchState {
     pub(crate) tokio_waker: Option<Waker>,
     /// asyncio futures of `send()` calls waiting for room in `out` (several
     /// tasks may send on one response).
-    pub(crate) send_waiters: Vec<Py<PyAny>>,
+    pub(crate) send_waiters: Vec<Py<Waiter>>,
     // ---- request body: Tokio → Python
     pub(crate) body: VecDeque<Bytes>,
     pub(crate) body_bytes: usize,
@@ -74,7 +76,7 @@ pub(crate) struct ExchState {
     /// The app has called `receive()`: gates `100 Continue`.
     pub(crate) body_wanted: bool,
     /// asyncio future of a `receive()` waiting for data or a disconnect.
-    pub(crate) recv_waiter: Option<Py<PyAny>>,
+    pub(crate) recv_waiter: Option<Py<Waiter>>,
     /// The final `http.request` (`more_body` false) was delivered.
     pub(crate) request_complete: bool,
     // ---- lifecycle

@@ -120,7 +120,7 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
     let mut ex = exch.lock();
     let mut recv = None;
     if let Some(w) = ex.recv_waiter.take() {
-        if !is_done(py, w.bind(py)) {
+        if !is_done(w.bind(py)) {
             match next_message(py, exch, &mut ex, shared) {
                 Ok(Some(msg)) => recv = Some((w, msg)),
                 Ok(None) => ex.recv_waiter = Some(w),
@@ -139,13 +139,13 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
     }
     drop(ex);
     if let Some((w, msg)) = recv {
-        resolve(py, w.bind(py), msg);
+        resolve(w.bind(py), msg);
     }
     for w in send {
         if gone {
-            fail_disconnected(py, w.bind(py), "the client disconnected");
+            fail_disconnected(w.bind(py), "the client disconnected");
         } else {
-            resolve(py, w.bind(py), py.None().into_bound(py));
+            resolve(w.bind(py), py.None().into_bound(py));
         }
     }
 }
@@ -182,7 +182,7 @@ impl HttpProtocol {
         };
         if let Some(w) = waiter {
             if let Ok(msg) = disconnect_message(py) {
-                resolve(py, w.bind(py), msg);
+                resolve(w.bind(py), msg);
             }
         }
         if let (Some(access), Some(scope)) = (&self.ctx.access_log, &st.scope) {
@@ -308,15 +308,15 @@ impl HttpProtocol {
             return ready(py, msg);
         }
         if let Some(w) = &ex.recv_waiter {
-            if !is_done(py, w.bind(py)) {
+            if !is_done(w.bind(py)) {
                 return Err(PyRuntimeError::new_err(
                     "receive() called while a previous receive() is still pending",
                 ));
             }
         }
-        let fut = self.ctx.create_future(py)?;
+        let fut = self.ctx.waiter(py)?;
         ex.recv_waiter = Some(fut.clone().unbind());
-        Ok(fut)
+        Ok(fut.into_any())
     }
 
     /// `await send(message)`: `http.response.start` then
@@ -411,14 +411,14 @@ impl HttpProtocol {
                     return self.ctx.done(py);
                 }
                 // Over the send buffer: wait until the client drains it.
-                let fut = self.ctx.create_future(py)?;
+                let fut = self.ctx.waiter(py)?;
                 let mut ex = self.exch.lock();
                 if ex.gone || ex.out_bytes < shared.config.send_buffer {
                     drop(ex);
                     return self.ctx.done(py);
                 }
                 ex.send_waiters.push(fut.clone().unbind());
-                Ok(fut)
+                Ok(fut.into_any())
             }
         }
     }

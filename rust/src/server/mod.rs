@@ -189,6 +189,7 @@ impl Server {
         self.shared.queue.take_into(&mut events);
         {
             let _defer = self.shared.wakeups.defer();
+            let _drain = crate::bridge::waiter::DrainGuard::enter();
             for event in events.drain(..) {
                 match event {
                     Event::Http(req) => crate::http::start(py, &self.ctx, req),

@@ -51,26 +51,28 @@ pub(crate) struct WebSocketProtocol {
     st: Mutex<ProtoState>,
 }
 
-fn event<'py>(py: Python<'py>, t: &str) -> PyResult<Bound<'py, PyDict>> {
+fn event<'py>(py: Python<'py>, t: &Py<PyString>) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item(names(py).type_.bind(py), t)?;
+    d.set_item(names(py).type_.bind(py), t.bind(py))?;
     Ok(d)
 }
 
 fn inbound_message<'py>(py: Python<'py>, m: Message) -> PyResult<Bound<'py, PyAny>> {
-    let d = event(py, "websocket.receive")?;
+    let n = names(py);
+    let d = event(py, &n.websocket_receive)?;
     match m {
-        Message::Text(t) => d.set_item(pyo3::intern!(py, "text"), PyString::new(py, t.as_str()))?,
-        Message::Binary(b) => d.set_item(pyo3::intern!(py, "bytes"), PyBytes::new(py, &b))?,
+        Message::Text(t) => d.set_item(n.text.bind(py), PyString::new(py, t.as_str()))?,
+        Message::Binary(b) => d.set_item(n.bytes.bind(py), PyBytes::new(py, &b))?,
         _ => {}
     }
     Ok(d.into_any())
 }
 
 fn disconnect<'py>(py: Python<'py>, code: u16, reason: &str) -> PyResult<Bound<'py, PyAny>> {
-    let d = event(py, "websocket.disconnect")?;
-    d.set_item(pyo3::intern!(py, "code"), code)?;
-    d.set_item(pyo3::intern!(py, "reason"), reason)?;
+    let n = names(py);
+    let d = event(py, &n.websocket_disconnect)?;
+    d.set_item(n.code.bind(py), code)?;
+    d.set_item(n.reason.bind(py), reason)?;
     Ok(d.into_any())
 }
 
@@ -118,7 +120,7 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, ws: &WsShared) {
     let mut st = ws.lock();
     let mut recv = None;
     if let Some(w) = st.recv_waiter.take() {
-        if !is_done(py, w.bind(py)) {
+        if !is_done(w.bind(py)) {
             match next_message(py, &mut st, ctx) {
                 Ok(Some(m)) => recv = Some((w, m)),
                 Ok(None) => st.recv_waiter = Some(w),
@@ -137,13 +139,13 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, ws: &WsShared) {
     }
     drop(st);
     if let Some((w, m)) = recv {
-        resolve(py, w.bind(py), m);
+        resolve(w.bind(py), m);
     }
     for w in send {
         if closed {
-            fail_disconnected(py, w.bind(py), "the WebSocket is closed");
+            fail_disconnected(w.bind(py), "the WebSocket is closed");
         } else {
-            resolve(py, w.bind(py), py.None().into_bound(py));
+            resolve(w.bind(py), py.None().into_bound(py));
         }
     }
 }
@@ -237,7 +239,7 @@ impl WebSocketProtocol {
     }
 
     fn wait_for_room<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let fut = self.ctx.create_future(py)?;
+        let fut = self.ctx.waiter(py)?;
         let mut ws = self.ws.lock();
         if ws.closed.is_some() {
             return Err(ClientDisconnected::new_err("the WebSocket is closed"));
@@ -247,7 +249,7 @@ impl WebSocketProtocol {
             return self.ctx.done(py);
         }
         ws.send_waiters.push(fut.clone().unbind());
-        Ok(fut)
+        Ok(fut.into_any())
     }
 }
 
@@ -264,7 +266,7 @@ impl WebSocketProtocol {
             let mut st = self.st.lock();
             if st.phase == Phase::Connecting {
                 st.phase = Phase::Handshake;
-                return ready(py, event(py, "websocket.connect")?.into_any());
+                return ready(py, event(py, &names(py).websocket_connect)?.into_any());
             }
         }
         let mut ws = self.ws.lock();
@@ -272,19 +274,19 @@ impl WebSocketProtocol {
             return ready(py, m);
         }
         if let Some(w) = &ws.recv_waiter {
-            if !is_done(py, w.bind(py)) {
+            if !is_done(w.bind(py)) {
                 return Err(PyRuntimeError::new_err(
                     "receive() called while a previous receive() is still pending",
                 ));
             }
         }
-        let fut = self.ctx.create_future(py)?;
+        let fut = self.ctx.waiter(py)?;
         ws.recv_waiter = Some(fut.clone().unbind());
         if ws.notify_idle {
             // The driver holds a close until the app has caught up: it has.
             wake_tokio(&mut ws, &self.ctx.shared);
         }
-        Ok(fut)
+        Ok(fut.into_any())
     }
 
     /// `await send(message)`: `websocket.accept`, `websocket.send`,
@@ -299,13 +301,14 @@ impl WebSocketProtocol {
         message: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (d, t) = message_type(message)?;
-        let kind = t.to_str().unwrap_or("").to_owned();
+        let kind = t.to_str().unwrap_or("");
         let shared = &self.ctx.shared;
-        let get = |k: &str| -> PyResult<Option<Bound<'py, PyAny>>> {
-            Ok(d.get_item(k)?.filter(|v| !v.is_none()))
+        let n = names(py);
+        let get = |k: &Py<PyString>| -> PyResult<Option<Bound<'py, PyAny>>> {
+            Ok(d.get_item(k.bind(py))?.filter(|v| !v.is_none()))
         };
         let mut st = self.st.lock();
-        match kind.as_str() {
+        match kind {
             "websocket.send" => {
                 match st.phase {
                     Phase::Accepted => {}
@@ -323,7 +326,7 @@ impl WebSocketProtocol {
                         ))
                     }
                 }
-                let msg = match (get("bytes")?, get("text")?) {
+                let msg = match (get(&n.bytes)?, get(&n.text)?) {
                     (Some(b), None) => Message::Binary(body_bytes(&b, "websocket.send 'bytes'")?),
                     (None, Some(t)) => {
                         let s = t.cast::<PyString>().map_err(|_| {
@@ -369,7 +372,7 @@ impl WebSocketProtocol {
                         "the client left before the WebSocket was accepted",
                     ));
                 }
-                let subprotocol = match get("subprotocol")? {
+                let subprotocol = match get(&n.subprotocol)? {
                     Some(p) => Some(
                         p.cast::<PyString>()
                             .map_err(|_| {
@@ -382,7 +385,7 @@ impl WebSocketProtocol {
                     ),
                     None => None,
                 };
-                let headers = match get("headers")? {
+                let headers = match get(&n.headers)? {
                     Some(h) => parse_headers(&h, "websocket.accept")?,
                     None => HeaderMap::new(),
                 };
@@ -397,7 +400,7 @@ impl WebSocketProtocol {
                 self.ctx.done(py)
             }
             "websocket.close" => {
-                let code: u16 = match get("code")? {
+                let code: u16 = match get(&n.code)? {
                     Some(c) => {
                         let c: i64 = c.extract().map_err(|_| {
                             PyTypeError::new_err("websocket.close 'code' must be an int")
@@ -414,7 +417,7 @@ impl WebSocketProtocol {
                     }
                     None => 1000,
                 };
-                let reason = match get("reason")? {
+                let reason = match get(&n.reason)? {
                     Some(r) => r
                         .cast::<PyString>()
                         .map_err(|_| {
@@ -470,8 +473,8 @@ impl WebSocketProtocol {
                     ));
                 }
                 const WHAT: &str = "websocket.http.response.start";
-                let status = parse_status(get("status")?, WHAT)?;
-                let headers = match get("headers")? {
+                let status = parse_status(get(&n.status)?, WHAT)?;
+                let headers = match get(&n.headers)? {
                     Some(h) => parse_headers(&h, WHAT)?,
                     None => HeaderMap::new(),
                 };
@@ -485,11 +488,11 @@ impl WebSocketProtocol {
                         "websocket.http.response.body before websocket.http.response.start",
                     ));
                 }
-                if let Some(b) = get("body")? {
+                if let Some(b) = get(&n.body)? {
                     let b = body_bytes(&b, "websocket.http.response.body 'body'")?;
                     st.http_body.extend_from_slice(&b);
                 }
-                let more = match get("more_body")? {
+                let more = match get(&n.more_body)? {
                     Some(m) => m.is_truthy()?,
                     None => false,
                 };

@@ -13,6 +13,8 @@ use std::task::{Context, Poll, Waker};
 use http::HeaderMap;
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
+
+use crate::bridge::waiter::Waiter;
 use tungstenite::Message;
 
 use crate::bridge::queue::Event;
@@ -48,12 +50,12 @@ pub(crate) struct WsState {
     pub(crate) inbound: VecDeque<Message>,
     /// The connection is over: `(code, reason)` for `websocket.disconnect`.
     pub(crate) closed: Option<(u16, String)>,
-    pub(crate) recv_waiter: Option<Py<PyAny>>,
+    pub(crate) recv_waiter: Option<Py<Waiter>>,
     /// App → client messages (a `Close` last, if the app closes).
     pub(crate) outbound: VecDeque<Message>,
     /// `send()` calls waiting for room (several tasks may send on one
     /// socket, e.g. a broadcast).
-    pub(crate) send_waiters: Vec<Py<PyAny>>,
+    pub(crate) send_waiters: Vec<Py<Waiter>>,
     /// The driver waits for the app to be idle (inbound queue empty and
     /// `receive()` waiting) before it fails the connection: wake it then.
     pub(crate) notify_idle: bool,
