@@ -612,7 +612,7 @@ def main(argv=None) -> int:
             "runs": args.runs,
             "server_cpu": SERVER_CPU,
             "client_cpu": CLIENT_CPU,
-        "idle": args.idle,
+            "idle": args.idle,
         },
         "cells": [],
     }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs every test Skirr has:
-#   Rust: cargo fmt --check, clippy -D warnings, unit tests;
+#   Rust: cargo fmt --check, clippy -D warnings, unit tests, and each fuzz
+#   target for FUZZ_SECONDS (default 20; 0 skips);
 #   Python: ruff, then the pytest suite (real servers, real sockets, a real
 #   Gunicorn master) on each CPython in SKIRR_TEST_PYTHONS (default 3.11 3.13).
-# Each interpreter gets its own virtualenv in .venv-test/<version> with
-# Skirr built once (a release build) and installed with its [test] extra.
+# Each interpreter gets its own virtualenv in .venv-test/<version> and one
+# release-built wheel in dist/ (also used by the Dockerfile test), installed
+# with its [test] extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +30,12 @@ for v in $PYTHONS; do
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     echo "== building and installing skirr[test] for $("$venv/bin/python" -V)"
-    "$venv/bin/python" -m pip install -q ".[test]"
+    tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    rm -f dist/skirr-*-"$tag"-*.whl
+    "$venv/bin/python" -m pip wheel -q --no-deps -w dist .
+    whl=$(ls dist/skirr-*-"$tag"-*.whl)
+    "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$whl"
+    "$venv/bin/python" -m pip install -q "$whl[test]"
     [ -n "$first" ] || first=$venv
 done
 
@@ -47,6 +54,11 @@ export PYO3_PYTHON="$PWD/$first/bin/python"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test -p skirr
+
+if [ "${FUZZ_SECONDS:-20}" != 0 ]; then
+    echo "== fuzzing (rust/fuzz, ${FUZZ_SECONDS:-20}s per target)"
+    tests/fuzz.sh
+fi
 
 echo "== Python: ruff"
 "$first/bin/ruff" check python tests examples bench

@@ -10,6 +10,7 @@ used by the Python side.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,57 @@ def _pos_int(v: Any) -> int:
     n = int(v)
     if n < 1:
         raise ValueError(f"must be >= 1, got {n}")
+    return n
+
+
+def _header_map(v: Any) -> dict[str, str]:
+    if isinstance(v, str):
+        v = json.loads(v) if v.strip() else {}
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        raise ValueError('must map header names to values, e.g. {"X-FORWARDED-PROTO": "https"}')
+    return dict(v)
+
+
+def _str_list(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x).strip() for x in v)
+    return str(v)
+
+
+def _optional_str(v: Any) -> str | None:
+    return None if v is None or str(v) == "" else str(v)
+
+
+#: Python ``ssl.PROTOCOL_*`` numbers and names Gunicorn accepts for ``ssl_version``.
+_TLS_ANY = {"2", "17", "tls", "tls_server", "sslv23", "protocol_tls", "protocol_tls_server", "default", ""}
+_TLS_12 = {"5", "tlsv1_2", "protocol_tlsv1_2", "1.2"}
+
+
+def _tls_versions(v: Any) -> list[str]:
+    """``ssl_version`` as the TLS versions to serve: [] (1.2 and 1.3), or ["1.2"]/["1.3"]."""
+    s = str(int(v) if isinstance(v, int) else getattr(v, "name", v)).strip().lower()
+    if s in _TLS_ANY:
+        return []
+    if s in _TLS_12:
+        return ["1.2"]
+    if s in ("tlsv1_3", "1.3"):
+        return ["1.3"]
+    raise ValueError(f"TLS version {v!r} is not supported (TLS 1.2 and 1.3 are)")
+
+
+def _proxy_protocol(v: Any) -> str:
+    # Gunicorn before 23 had a boolean.
+    if v is True:
+        return "auto"
+    if v is False or v is None:
+        return "off"
+    return _choice("off", "v1", "v2", "auto")(v)
+
+
+def _cert_reqs(v: Any) -> int:
+    n = int(v)
+    if n not in (0, 1, 2):
+        raise ValueError(f"must be 0 (CERT_NONE), 1 (CERT_OPTIONAL) or 2 (CERT_REQUIRED), got {n}")
     return n
 
 
@@ -141,6 +193,109 @@ OPTIONS: tuple[Option, ...] = (
     Option("ws_ping_interval", 20.0, _seconds, "server pings idle WebSockets this often (seconds; 0: never)"),
     Option("ws_ping_timeout", 20.0, _seconds, "an unanswered ping closes the WebSocket with 1011 after (seconds)"),
     Option("ws_max_queue", 32, _pos_int, "WebSocket messages queued per direction before reading or send() waits"),
+    Option(
+        "limit_request_line",
+        4094,
+        _nonneg_int,
+        "longest request line; longer is answered 414 (bytes; 0: no limit)",
+        gunicorn="limit_request_line",
+    ),
+    Option(
+        "limit_request_fields",
+        100,
+        _nonneg_int,
+        "most header fields in a request; more is answered 431 (0: no limit)",
+        gunicorn="limit_request_fields",
+    ),
+    Option(
+        "limit_request_field_size",
+        8190,
+        _nonneg_int,
+        "longest header field line; longer is answered 431 (bytes; 0: no limit)",
+        gunicorn="limit_request_field_size",
+    ),
+    Option("max_head_size", 65536, _nonneg_int, "largest request head; larger is answered 431 (bytes)"),
+    Option(
+        "max_body_size",
+        0,
+        _nonneg_int,
+        "largest request body; larger is answered 413 and the connection closed (bytes; 0: no limit)",
+    ),
+    Option(
+        "body_read_timeout",
+        30.0,
+        _seconds,
+        "a client sending no body bytes this long while the app waits is answered 408 (seconds; 0: never)",
+    ),
+    Option(
+        "response_start_timeout",
+        0.0,
+        _seconds,
+        "answer 503 when the app has not started its response after this (seconds; 0: never)",
+    ),
+    Option(
+        "proxy_headers",
+        True,
+        _bool,
+        "take the client address and scheme from X-Forwarded-*/Forwarded headers of trusted proxies",
+    ),
+    Option(
+        "forwarded_allow_ips",
+        "127.0.0.1,::1",
+        _str_list,
+        "proxies trusted for forwarding headers: addresses and networks, or * (Unix sockets always)",
+        gunicorn="forwarded_allow_ips",
+    ),
+    Option(
+        "secure_scheme_headers",
+        {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https", "X-FORWARDED-SSL": "on"},
+        _header_map,
+        "headers (JSON object) whose value, from a trusted proxy, means the request came over https",
+        gunicorn="secure_scheme_headers",
+    ),
+    Option(
+        "forwarder_headers",
+        "SCRIPT_NAME,PATH_INFO",
+        _str_list,
+        "headers a trusted proxy may set; SCRIPT_NAME sets root_path",
+        gunicorn="forwarder_headers",
+    ),
+    Option(
+        "proxy_protocol",
+        "off",
+        _proxy_protocol,
+        "expect a PROXY protocol header (v1, v2 or auto) from proxy_allow_ips",
+        gunicorn="proxy_protocol",
+    ),
+    Option(
+        "proxy_allow_ips",
+        "127.0.0.1,::1",
+        _str_list,
+        "load balancers whose connections start with a PROXY protocol header",
+        gunicorn="proxy_allow_ips",
+    ),
+    Option("ssl_certfile", None, _optional_str, "serve TLS with this PEM certificate chain", gunicorn="certfile"),
+    Option(
+        "ssl_keyfile", None, _optional_str, "the PEM private key (unencrypted) for ssl_certfile", gunicorn="keyfile"
+    ),
+    Option("ssl_ca_certs", None, _optional_str, "PEM CA certificates for verifying clients", gunicorn="ca_certs"),
+    Option(
+        "ssl_cert_reqs",
+        0,
+        _cert_reqs,
+        "client certificates: 0 not asked, 1 optional, 2 required (mTLS)",
+        gunicorn="cert_reqs",
+    ),
+    Option(
+        "ssl_ciphers", None, _optional_str, "colon-separated cipher suite names (default: rustls's)", gunicorn="ciphers"
+    ),
+    Option(
+        "ssl_version",
+        [],
+        _tls_versions,
+        "TLS versions: default (1.2 and 1.3), TLSv1_2 or TLSv1_3",
+        gunicorn="ssl_version",
+    ),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

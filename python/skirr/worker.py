@@ -8,14 +8,15 @@ inherited listeners to the Rust core, which serves until the master asks it
 to stop:
 
 * SIGTERM: stop accepting, finish in-flight requests (``--graceful-timeout``),
-  run lifespan shutdown, exit 0. SIGINT/SIGQUIT: close everything, exit 0.
-  SIGUSR1: reopen log files. These are handled in Rust (the main thread is
-  inside the Rust runtime, where Python signal handlers would never run).
+  run lifespan shutdown, exit 0. SIGINT/SIGQUIT: ``worker_int``, then close
+  everything, exit 0. SIGABRT (the master's timeout): ``worker_abort``, exit
+  1. SIGUSR1: reopen log files. These are handled in Rust (the main thread
+  is inside the Rust runtime, where Python signal handlers would never run).
 * The heartbeat (``self.notify()``) runs on the asyncio loop, so a long
   request or stream never looks dead, but a loop blocked past ``--timeout``
   gets the worker replaced, as with Gunicorn's other workers.
-* ``--max-requests`` (+ jitter), ``--keep-alive``, ``--worker-connections``
-  and ``--graceful-timeout`` are honoured; a worker whose master died exits.
+* Settings: see :mod:`skirr.gunicorn_settings` (which apply, which are
+  warned about, which stop the boot).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from gunicorn.workers.base import Worker
 
-from skirr import config
+from skirr import config, gunicorn_settings
 from skirr._skirr import StartupFailed
 from skirr.asgi import as_asgi3
 from skirr.serve import serve
@@ -53,22 +54,119 @@ class _AccessRequest:
         self.headers = headers
 
 
-def _environ(scope: dict[str, Any], req_headers: list[tuple[str, str]]) -> dict[str, str]:
+def environ(scope: dict[str, Any], req_headers: list[tuple[str, str]]) -> dict[str, Any]:
+    """A WSGI-style environ for Gunicorn's access log atoms and
+    ``post_request`` hooks (``%(h)s``, ``%(r)s``, ``%({name}e)s``...)."""
     qs = (scope.get("query_string") or b"").decode("latin-1")
     raw = scope.get("raw_path") or scope["path"].encode()
     raw_uri = raw.decode("latin-1") + ("?" + qs if qs else "")
-    env = {
-        "REQUEST_METHOD": scope["method"],
+    client = scope.get("client")
+    server = scope.get("server") or ("", None)
+    env: dict[str, Any] = {
+        "REQUEST_METHOD": scope.get("method", "GET"),
         "RAW_URI": raw_uri,
         "PATH_INFO": scope["path"],
+        "SCRIPT_NAME": scope.get("root_path", ""),
         "QUERY_STRING": qs,
-        "SERVER_PROTOCOL": "HTTP/" + scope["http_version"],
-        "REMOTE_ADDR": scope["client"][0] if scope.get("client") else "-",
+        "SERVER_PROTOCOL": "HTTP/" + scope.get("http_version", "1.1"),
+        "REMOTE_ADDR": client[0] if client else "-",
+        "REMOTE_PORT": str(client[1]) if client else "",
+        "SERVER_NAME": str(server[0]),
+        "SERVER_PORT": "" if server[1] is None else str(server[1]),
+        "wsgi.url_scheme": scope.get("scheme", "http"),
     }
     for k, v in req_headers:
         key = "HTTP_" + k.upper().replace("-", "_")
         env[key] = f"{env[key]},{v}" if key in env else v
+    if "HTTP_CONTENT_TYPE" in env:
+        env["CONTENT_TYPE"] = env["HTTP_CONTENT_TYPE"]
+    if "HTTP_CONTENT_LENGTH" in env:
+        env["CONTENT_LENGTH"] = env["HTTP_CONTENT_LENGTH"]
     return env
+
+
+class HookRequest:
+    """What ``pre_request(worker, req)`` and ``post_request(worker, req,
+    environ, resp)`` receive as ``req``: ``method``, ``uri`` (path and
+    query as sent), ``path``, ``query``, ``version`` (``(1, 1)``),
+    ``scheme``, ``headers`` (``[(NAME, value)]`` upper-cased str pairs, as
+    Gunicorn's request has), ``remote_addr`` and ``peer_addr``."""
+
+    __slots__ = ("method", "uri", "path", "query", "version", "scheme", "headers", "remote_addr", "peer_addr")
+
+    def __init__(self, scope: dict[str, Any]) -> None:
+        qs = (scope.get("query_string") or b"").decode("latin-1")
+        self.method = scope.get("method", "GET")
+        self.path = scope["path"]
+        self.query = qs
+        self.uri = (scope.get("raw_path") or b"").decode("latin-1") + ("?" + qs if qs else "")
+        major, _, minor = scope.get("http_version", "1.1").partition(".")
+        self.version = (int(major), int(minor or 0))
+        self.scheme = scope.get("scheme", "http")
+        self.headers = [(k.decode("latin-1").upper(), v.decode("latin-1")) for k, v in scope.get("headers", ())]
+        client = scope.get("client")
+        self.remote_addr = client[0] if client else None
+        self.peer_addr = tuple(client) if client else None
+
+
+class HookResponse:
+    """``post_request``'s ``resp``: ``status`` (``"200 OK"``-style str, as
+    Gunicorn's), ``status_code`` (int; 0 if no response started),
+    ``headers`` (``[(name, value)]`` str pairs) and ``sent`` (body bytes)."""
+
+    __slots__ = ("status_code", "headers", "sent")
+
+    def __init__(self) -> None:
+        self.status_code = 0
+        self.headers: list[tuple[str, str]] = []
+        self.sent = 0
+
+    @property
+    def status(self) -> str:
+        from http import HTTPStatus
+
+        try:
+            return f"{self.status_code} {HTTPStatus(self.status_code).phrase}"
+        except ValueError:
+            return str(self.status_code)
+
+
+def with_request_hooks(app: Any, worker: Worker) -> Any:
+    """Wraps ``app`` to call Gunicorn's ``pre_request`` and ``post_request``
+    hooks around each HTTP request (only installed when either is set: it
+    costs a Python call per request)."""
+    cfg, log = worker.cfg, worker.log
+
+    async def hooked(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        req = HookRequest(scope)
+        try:
+            cfg.pre_request(worker, req)
+        except Exception:  # noqa: BLE001 - a hook must not break the request
+            log.exception("pre_request hook failed")
+        resp = HookResponse()
+
+        async def send_and_note(message: dict) -> None:
+            t = message.get("type")
+            if t == "http.response.start":
+                resp.status_code = message.get("status", 0)
+                resp.headers = [
+                    (bytes(k).decode("latin-1"), bytes(v).decode("latin-1")) for k, v in message.get("headers", ())
+                ]
+            elif t == "http.response.body":
+                resp.sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await app(scope, receive, send_and_note)
+        finally:
+            try:
+                cfg.post_request(worker, req, environ(scope, req.headers), resp)
+            except Exception:  # noqa: BLE001
+                log.exception("post_request hook failed")
+
+    return hooked
 
 
 class RustWorker(Worker):
@@ -76,26 +174,18 @@ class RustWorker(Worker):
 
     def init_signals(self) -> None:
         # Python-level handlers cannot run while the main thread is inside the
-        # Rust runtime; Rust registers TERM, INT, QUIT and USR1 itself.
+        # Rust runtime; Rust registers TERM, INT, QUIT, USR1 and ABRT itself.
         for s in self.SIGNALS:
             signal.signal(s, signal.SIG_DFL)
         signal.signal(signal.SIGWINCH, signal.SIG_IGN)
 
     def _options(self) -> dict[str, Any]:
-        cfg = self.cfg
-        max_requests = self.max_requests if self.max_requests < sys.maxsize else 0
-        fallback = {
-            "keepalive_timeout": cfg.keepalive,
-            "graceful_timeout": cfg.graceful_timeout,
-            "max_requests": max_requests,
-            "max_connections": cfg.worker_connections,
-        }
-        return config.resolve(fallback=fallback)
+        return config.resolve(fallback=gunicorn_settings.fallback(self.cfg, self.max_requests))
 
     def _access(self):
         log = self.log
-        if not getattr(log, "access_log_enabled", True):
-            return None
+        if not gunicorn_settings.access_log_wanted(log, self.cfg):
+            return None  # Gunicorn's logger would drop every line: skip the per-request call
 
         def access(scope: dict, status: int, headers: Any, size: int, seconds: float) -> None:
             req_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
@@ -103,22 +193,51 @@ class RustWorker(Worker):
             log.access(
                 _AccessResponse(status, resp_headers, size),
                 _AccessRequest(req_headers),
-                _environ(scope, req_headers),
+                environ(scope, req_headers),
                 datetime.timedelta(seconds=seconds),
             )
 
         return access
 
+    def _beat(self) -> None:
+        """The heartbeat, on the asyncio loop. Gunicorn's reloader (and
+        other code) clears ``self.alive`` to ask the worker to stop."""
+        self.notify()
+        if not self.alive and self._server is not None:
+            self._server.stop()
+
+    def _attach(self, server: Any) -> None:
+        self._server = server
+        server.set_signal_hook(self._on_signal)
+
+    def _on_signal(self, name: str) -> None:
+        """Called from the Rust runtime's thread (the loop may be stuck)."""
+        if name == "SIGABRT":
+            self.log.error("Worker timed out (pid: %s): SIGABRT", self.pid)
+            self.cfg.worker_abort(self)
+        else:
+            self.cfg.worker_int(self)
+
     def run(self) -> None:
+        problems = gunicorn_settings.check(self.cfg)
+        for name, why in problems.inapplicable:
+            self.log.warning("skirr: setting %s does not apply: %s", name, why)
         try:
+            if problems.errors:
+                raise config.ConfigError("; ".join(problems.errors))
             values = self._options()
         except config.ConfigError as e:
             self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)
         app = as_asgi3(self.wsgi)
+        if gunicorn_settings.has_request_hooks(self.cfg):
+            app = with_request_hooks(app, self)
         listeners = [(s.sock.fileno(), "unix" if s.sock.family == socket.AF_UNIX else "tcp") for s in self.sockets]
         rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True)
         interval = max(0.5, min(self.timeout / 2.0, 2.0))
+        if self.cfg.reload:
+            interval = min(interval, 0.5)  # react to the reloader promptly
+        self._server = None
         try:
             serve(
                 app,
@@ -128,8 +247,13 @@ class RustWorker(Worker):
                 loop_kind=values["loop"],
                 access_logger=self._access(),
                 reopen_logs=self.log.reopen_files,
-                heartbeat=(self.notify, interval),
+                heartbeat=(self._beat, interval),
+                on_server=self._attach,
             )
         except StartupFailed as e:
             self.log.error("Application startup failed: %s", e)
+            sys.exit(WORKER_BOOT_ERROR)
+        except (ValueError, TypeError) as e:
+            # The Rust core refused a setting (e.g. an unreadable certfile).
+            self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)

@@ -6,20 +6,34 @@
 //! [`bridge`] moves work between them in batches. Modules follow the data:
 //! [`server`] (accept, drain, signals) → [`http`] (parse, scope, send) →
 //! [`lifespan`], with [`config`], [`runtime`] and [`logging`] beside them.
+//! [`wire`] holds the checks Skirr adds to hyper's parser; it is the only
+//! module built without the `python` feature (for the fuzz targets).
 
+#[cfg(feature = "python")]
 mod bridge;
+#[cfg(feature = "python")]
 pub mod config;
+#[cfg(feature = "python")]
 mod errors;
+#[cfg(feature = "python")]
 mod http;
+#[cfg(feature = "python")]
 mod lifespan;
+#[cfg(feature = "python")]
 mod logging;
+#[cfg(feature = "python")]
 mod runtime;
+#[cfg(feature = "python")]
 mod server;
+#[cfg(feature = "python")]
 mod websocket;
+pub mod wire;
 
+#[cfg(feature = "python")]
 use pyo3::prelude::*;
 
 /// The `skirr._skirr` extension module.
+#[cfg(feature = "python")]
 #[pymodule]
 fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

@@ -16,7 +16,9 @@ import time
 from urllib.parse import parse_qs
 
 EVENTS: list = []
+IMPORT_PID = os.getpid()
 RELEASE: dict[str, asyncio.Event] = {}
+LEAKED: list = []
 
 
 def jsonable(v):
@@ -83,6 +85,9 @@ async def invalid(case, send):
         "status_str": [{**start, "status": "200"}],
         "status_range": [{**start, "status": 1000}],
         "status_bool": [{**start, "status": True}],
+        "status_1xx": [{**start, "status": 101}],
+        "content_length_bad": [{**start, "headers": [(b"content-length", b"12abc")]}],
+        "content_length_conflict": [{**start, "headers": [(b"content-length", b"1"), (b"content-length", b"2")]}],
         "status_missing": [{"type": "http.response.start"}],
         "header_str": [{**start, "headers": [("content-type", "text/plain")]}],
         "header_value_int": [{**start, "headers": [(b"x-n", 5)]}],
@@ -132,6 +137,15 @@ async def app(scope, receive, send):
         return await respond_json(send, EVENTS)
     if path == "/pid":
         return await respond(send, body=str(os.getpid()).encode())
+    if path == "/import-pid":
+        return await respond(send, body=str(IMPORT_PID).encode())
+    if path == "/env":
+        return await respond(send, body=os.environ.get(q["name"], "").encode())
+    if path == "/print":
+        print("printed by the app", flush=True)
+        return await respond(send, body=b"printed")
+    if path == "/crash":
+        raise RuntimeError("the app crashed (for the error log)")
     if path == "/echo":
         body, chunks = await read_body(receive)
         headers = [(b"x-chunks", str(len(chunks)).encode())]
@@ -264,4 +278,48 @@ async def app(scope, receive, send):
         return await respond(send, body=b"b" * n)
     if path == "/head":
         return await respond(send, body=b"0123456789", headers=[(b"content-length", b"10"), (b"x-head", b"kept")])
+    if path == "/cl-short":
+        # Declares 10 bytes, sends 5: the server must close, not pad or hang.
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+        await send({"type": "http.response.body", "body": b"12345"})
+        return
+    if path == "/cl-long":
+        # Declares 5 bytes, tries to send 7: send() must refuse the overflow.
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+        await send({"type": "http.response.body", "body": b"123", "more_body": True})
+        try:
+            await send({"type": "http.response.body", "body": b"4567", "more_body": True})
+        except RuntimeError as e:
+            EVENTS.append({"cl_long": str(e)})
+        await send({"type": "http.response.body", "body": b"45"})
+        return
+    if path == "/status-body":
+        status = int(q.get("status", "204"))
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        try:
+            await send({"type": "http.response.body", "body": b"not allowed"})
+        except RuntimeError as e:
+            EVENTS.append({"status_body": str(e)})
+            await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/leak-tasks":
+        marker = q.get("marker")
+
+        async def forever(i):
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                if marker and i == 0:
+                    with open(marker, "w") as f:
+                        f.write("cancelled")
+
+        LEAKED.extend(asyncio.ensure_future(forever(i)) for i in range(int(q.get("n", "10"))))
+        return await respond(send, body=str(len(LEAKED)).encode())
+    if path == "/slow-start":
+        await asyncio.sleep(float(q.get("secs", "5")))
+        try:
+            await respond(send, body=b"late")
+        except OSError as e:
+            EVENTS.append({"slow_start": type(e).__name__})
+        return
     return await respond(send, status=404, body=b"not found")

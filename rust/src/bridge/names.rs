@@ -44,8 +44,10 @@ names! {
     subprotocols = "subprotocols",
     // scope values
     http = "http",
+    https = "https",
     websocket = "websocket",
     ws = "ws",
+    wss = "wss",
     lifespan = "lifespan",
     v1_0 = "1.0",
     v1_1 = "1.1",

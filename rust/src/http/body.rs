@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 
 use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Aborted, Exchange};
-use crate::http::service::pump_body;
+use crate::http::service::{check_deadlines, pump_body};
 
 /// A streamed response body: chunks come from the app through the exchange.
 /// While it is being written, the request body keeps being read for the app
@@ -47,11 +47,12 @@ impl StreamBody {
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
         let shared = &*self.conn.shared;
+        check_deadlines(&self.conn, &self.exch);
         pump_body(
             cx,
             &self.exch,
             &mut self.incoming,
-            shared,
+            &self.conn,
             self.expect_continue,
         );
         match self.exch.poll_chunk(cx, shared) {
@@ -116,10 +117,15 @@ impl ResponseBody {
         }
     }
 
-    /// A plain `400 Bad Request` that closes the connection.
-    pub(crate) fn bad_request(busy: BusyGuard) -> Response<Self> {
-        let mut resp = Response::new(Self::full(Bytes::from_static(b"Bad Request"), busy));
-        *resp.status_mut() = StatusCode::BAD_REQUEST;
+    /// A plain-text answer from the server itself (`reason` is the body)
+    /// that closes the connection.
+    pub(crate) fn plain(
+        status: StatusCode,
+        reason: &'static str,
+        busy: BusyGuard,
+    ) -> Response<Self> {
+        let mut resp = Response::new(Self::full(Bytes::from_static(reason.as_bytes()), busy));
+        *resp.status_mut() = status;
         resp.headers_mut().insert(
             CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),

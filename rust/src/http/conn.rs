@@ -1,12 +1,8 @@
 //! One client connection: hyper's HTTP/1.1 state machine, the timers hyper
 //! does not have in the shape a server needs, and idle parking.
 //!
-//! * Timers. hyper's own `header_read_timeout` starts whenever it waits for
-//!   a request head, so it also ends idle keep-alive connections; Skirr
-//!   needs two distinct limits. [`Activity`] tracks the connection's phase
-//!   (idle, reading a head, busy with a request) and one timer per
-//!   connection checks it lazily: the clock is read only on phase changes
-//!   and when the timer fires, never per byte.
+//! * Timers. One timer per connection checks its [`Activity`]: idle
+//!   keep-alive, a trickled head, a stalled body, an app slow to respond.
 //! * Parking. hyper keeps about 10 KiB of buffers per connection. A new
 //!   connection waits for its first byte before hyper is involved, and a
 //!   keep-alive connection idle for [`PARK_AFTER`] is handed back by hyper
@@ -21,10 +17,9 @@
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::service::service_fn;
@@ -34,9 +29,11 @@ use pyo3::prelude::*;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::http::activity::{clock_ms, deadline_at, Activity, Timeouts, Verdict};
 use crate::http::io::{ConnIo, Readiness};
 use crate::http::service;
 use crate::server::connections::{Member, Order};
+use crate::server::tls::TlsInfo;
 use crate::server::Shared;
 use crate::websocket::shared::WsShared;
 
@@ -73,102 +70,8 @@ pub(crate) struct ConnCtx {
     /// Set by the WebSocket service when the app accepts: once hyper has
     /// written the 101, the socket goes to the WebSocket driver.
     pub(crate) upgrade: Mutex<Option<Arc<WsShared>>>,
-}
-
-/// `CLOCK_MONOTONIC_COARSE` in milliseconds: read once per request, so the
-/// cheapest clock will do (its resolution, a few ms, is far below any
-/// timeout's).
-fn coarse_ms() -> u64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
-        .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
-    ts.tv_sec() as u64 * 1000 + ts.tv_nsec() as u64 / 1_000_000
-}
-
-fn clock_base() -> (Instant, u64) {
-    static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
-    *BASE.get_or_init(|| (Instant::now(), coarse_ms()))
-}
-
-/// Milliseconds on a process-wide monotonic clock, for connection timers.
-fn clock_ms() -> u64 {
-    coarse_ms().saturating_sub(clock_base().1)
-}
-
-fn deadline_at(ms: u64) -> tokio::time::Instant {
-    tokio::time::Instant::from_std(clock_base().0 + Duration::from_millis(ms))
-}
-
-/// What a connection is doing, for its timers.
-#[derive(Default)]
-pub(crate) struct Activity {
-    /// A request is being served (from its head until its body is written).
-    busy: AtomicBool,
-    /// Bytes of a new request arrived while idle; the head is incomplete.
-    reading_head: AtomicBool,
-    /// When the current idle or head-reading phase began (`clock_ms`).
-    since_ms: AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Self {
-        let a = Activity::default();
-        a.since_ms.store(clock_ms(), Ordering::Relaxed);
-        a
-    }
-
-    pub(crate) fn on_bytes(&self) {
-        if !self.busy.load(Ordering::Relaxed) && !self.reading_head.load(Ordering::Relaxed) {
-            self.reading_head.store(true, Ordering::Relaxed);
-            self.since_ms.store(clock_ms(), Ordering::Relaxed);
-        }
-    }
-
-    pub(crate) fn start_request(&self) {
-        self.busy.store(true, Ordering::Relaxed);
-        self.reading_head.store(false, Ordering::Relaxed);
-    }
-
-    pub(crate) fn end_request(&self) {
-        self.since_ms.store(clock_ms(), Ordering::Relaxed);
-        self.busy.store(false, Ordering::Relaxed);
-    }
-
-    /// Whether the connection has been idle (no request, no partial head)
-    /// for at least `d`.
-    fn idle_for(&self, d: Duration) -> bool {
-        !self.busy.load(Ordering::Relaxed)
-            && !self.reading_head.load(Ordering::Relaxed)
-            && clock_ms().saturating_sub(self.since_ms.load(Ordering::Relaxed))
-                >= d.as_millis() as u64
-    }
-
-    /// `Ok(next check)` or `Err(reason)` when the connection must close.
-    fn check(&self, keepalive: Duration, header: Duration) -> Result<u64, &'static str> {
-        self.check_at(clock_ms(), keepalive, header)
-    }
-
-    fn check_at(
-        &self,
-        now: u64,
-        keepalive: Duration,
-        header: Duration,
-    ) -> Result<u64, &'static str> {
-        if self.busy.load(Ordering::Relaxed) {
-            return Ok(now + keepalive.as_millis().max(1) as u64);
-        }
-        let since = self.since_ms.load(Ordering::Relaxed);
-        let (limit, reason) = if self.reading_head.load(Ordering::Relaxed) {
-            (header, "request head not received in time")
-        } else {
-            (keepalive, "keep-alive idle timeout")
-        };
-        let due = since + limit.as_millis() as u64;
-        if now >= due {
-            Err(reason)
-        } else {
-            Ok(due)
-        }
-    }
+    /// The TLS session's facts, for the scope's `tls` extension.
+    pub(crate) tls: Option<Box<TlsInfo>>,
 }
 
 /// Marks the connection busy for the lifetime of one request/response.
@@ -202,23 +105,31 @@ async fn wait_readable<I: Readiness>(
     ctx: &ConnCtx,
     member: &Member<'_>,
 ) -> Result<(), &'static str> {
-    let cfg = &ctx.shared.config;
-    let (keepalive, header) = (cfg.keepalive_timeout, cfg.header_read_timeout);
-    let mut timer = pin!(tokio::time::sleep_until(deadline_at(
-        ctx.activity.check(keepalive, header)?
-    )));
+    let t = Timeouts::new(&ctx.shared.config);
+    let next = |v: Verdict| match v {
+        Verdict::Next(at) => Ok(at),
+        Verdict::Close(reason) => Err(reason),
+        // No request is in progress while the socket waits here.
+        Verdict::Expire(_) => Ok(clock_ms() + t.keepalive.max(1)),
+    };
+    let mut timer = pin!(tokio::time::sleep_until(deadline_at(next(
+        ctx.activity.check(&t)
+    )?)));
     poll_fn(|cx| {
         member.register(cx.waker());
-        if member.order() != Order::Serve {
-            return Poll::Ready(Err("server stop"));
+        match member.order() {
+            Order::Serve => {}
+            // A new connection's first request is still served.
+            Order::Drain if ctx.activity.is_fresh() => {}
+            _ => return Poll::Ready(Err("server stop")),
         }
         if let Poll::Ready(r) = io.poll_readable(cx) {
             return Poll::Ready(r.map_err(|_| "read error"));
         }
         if timer.as_mut().poll(cx).is_ready() {
-            match ctx.activity.check(keepalive, header) {
-                Ok(next) => {
-                    timer.as_mut().reset(deadline_at(next));
+            match next(ctx.activity.check(&t)) {
+                Ok(at) => {
+                    timer.as_mut().reset(deadline_at(at));
                     cx.waker().wake_by_ref();
                 }
                 Err(reason) => return Poll::Ready(Err(reason)),
@@ -237,6 +148,7 @@ pub(crate) async fn serve<I>(
     listener: Arc<ListenerInfo>,
     peer: Option<SocketAddr>,
     permit: Option<OwnedSemaphorePermit>,
+    tls: Option<Box<TlsInfo>>,
 ) where
     I: AsyncRead + AsyncWrite + Readiness + Unpin + Send + 'static,
 {
@@ -249,6 +161,7 @@ pub(crate) async fn serve<I>(
         activity: Activity::new(),
         _permit: permit,
         upgrade: Mutex::new(None),
+        tls,
     });
     let mut io = ConnIo {
         inner: io,
@@ -304,7 +217,7 @@ async fn drive<I, S>(
     member: &Member<'_>,
 ) -> Stopped
 where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + Readiness + Unpin + Send + 'static,
     S: hyper::service::HttpService<
             hyper::body::Incoming,
             ResBody = crate::http::body::ResponseBody,
@@ -313,8 +226,8 @@ where
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let cfg = &ctx.shared.config;
-    let (keepalive, header) = (cfg.keepalive_timeout, cfg.header_read_timeout);
-    let park_after = PARK_AFTER.min(keepalive);
+    let t = Timeouts::new(cfg);
+    let park_after = PARK_AFTER.min(cfg.keepalive_timeout);
     let first = clock_ms() + park_after.as_millis() as u64;
     let mut timer = pin!(tokio::time::sleep_until(deadline_at(first)));
     let mut registered = false;
@@ -328,7 +241,10 @@ where
         }
         match member.order() {
             Order::Abort | Order::GoingAway => return Poll::Ready(Stopped::Ended("server stop")),
-            Order::Drain if !draining => {
+            // hyper closes a connection with no request in progress at
+            // once; a new connection waits until its first request has
+            // started (its task is woken again when the app responds).
+            Order::Drain if !draining && !ctx.activity.is_fresh() => {
                 draining = true;
                 Pin::new(&mut *conn).graceful_shutdown();
             }
@@ -349,18 +265,29 @@ where
         // ordinary wake costs one atomic load here.
         if !timer_armed || timer.is_elapsed() {
             if timer_armed {
-                if !parking && !draining && ctx.activity.idle_for(park_after) {
+                if I::PARKABLE && !parking && !draining && ctx.activity.idle_for(park_after) {
                     parking = true;
                     Pin::new(&mut *conn).graceful_shutdown();
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                match ctx.activity.check(keepalive, header) {
-                    Ok(next) => {
-                        let park_at = clock_ms() + park_after.as_millis() as u64;
-                        timer.as_mut().reset(deadline_at(next.min(park_at)))
+                let park_at = if I::PARKABLE {
+                    clock_ms() + park_after.as_millis() as u64
+                } else {
+                    u64::MAX / 2
+                };
+                match ctx.activity.check(&t) {
+                    Verdict::Next(next) => timer.as_mut().reset(deadline_at(next.min(park_at))),
+                    Verdict::Close(reason) => return Poll::Ready(Stopped::Ended(reason)),
+                    Verdict::Expire(e) => {
+                        // The request's service answers it when hyper polls
+                        // it next (see `service::check_deadlines`).
+                        ctx.activity.expire(e);
+                        timer
+                            .as_mut()
+                            .reset(deadline_at(clock_ms() + t.keepalive.max(1)));
+                        cx.waker().wake_by_ref();
                     }
-                    Err(reason) => return Poll::Ready(Stopped::Ended(reason)),
                 }
             }
             timer_armed = true;
@@ -371,53 +298,4 @@ where
         Poll::Pending
     })
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const KA: Duration = Duration::from_millis(1000);
-    const HEAD: Duration = Duration::from_millis(5000);
-
-    fn since(a: &Activity) -> u64 {
-        a.since_ms.load(Ordering::Relaxed)
-    }
-
-    #[test]
-    fn idle_connection_times_out_after_keepalive() {
-        let a = Activity::new();
-        assert!(a.check_at(since(&a) + 500, KA, HEAD).is_ok());
-        assert_eq!(
-            a.check_at(since(&a) + 1000, KA, HEAD),
-            Err("keep-alive idle timeout")
-        );
-    }
-
-    #[test]
-    fn a_started_head_gets_the_header_timeout_instead() {
-        let a = Activity::new();
-        a.on_bytes();
-        let t0 = since(&a);
-        assert!(
-            a.check_at(t0 + 2000, KA, HEAD).is_ok(),
-            "2 s into a head is within 5 s"
-        );
-        assert_eq!(
-            a.check_at(t0 + 6000, KA, HEAD),
-            Err("request head not received in time")
-        );
-    }
-
-    #[test]
-    fn a_busy_connection_never_times_out() {
-        let a = Activity::new();
-        a.start_request();
-        assert!(a.check_at(since(&a) + 60_000, KA, HEAD).is_ok());
-        a.end_request();
-        assert!(
-            a.check_at(since(&a) + 10, KA, HEAD).is_ok(),
-            "idle time restarts"
-        );
-    }
 }

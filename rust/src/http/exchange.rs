@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::header::{CONNECTION, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 
@@ -40,6 +41,24 @@ pub(crate) struct ResponseHead {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: BodyOut,
+}
+
+impl ResponseHead {
+    /// A plain-text response from the server itself, closing the
+    /// connection (its request body may be unread).
+    pub(crate) fn plain(status: StatusCode, reason: &'static str) -> Self {
+        let mut headers = HeaderMap::with_capacity(2);
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        ResponseHead {
+            status,
+            headers,
+            body: BodyOut::Full(Bytes::from_static(reason.as_bytes())),
+        }
+    }
 }
 
 /// A streamed response ended badly: the connection must be closed rather
@@ -86,6 +105,12 @@ pub(crate) struct ExchState {
     /// The app sent its final body (or a 500 was produced): `receive()`
     /// now answers `http.disconnect`.
     pub(crate) responded: bool,
+    /// The server answers this request itself (a bad or too large body, a
+    /// timeout): status and a one-line reason, used if the app has not
+    /// started its response.
+    pub(crate) rejected: Option<(StatusCode, &'static str)>,
+    /// Request-body bytes read so far (for `max_body_size`).
+    pub(crate) body_total: u64,
 }
 
 /// Shared per-request state. See the module docs.
@@ -131,11 +156,15 @@ impl Exchange {
 
     // ------------------------------------------------------------ Tokio side
 
-    /// Waits for the response head.
+    /// Waits for the response head (the app's, or the server's own answer
+    /// once the request was [rejected](Self::reject)).
     pub(crate) fn poll_head(&self, cx: &mut Context<'_>) -> Poll<ResponseHead> {
         let mut st = self.st.lock();
         if let Some(head) = st.head.take() {
             return Poll::Ready(head);
+        }
+        if let Some((status, reason)) = st.rejected {
+            return Poll::Ready(ResponseHead::plain(status, reason));
         }
         register(&mut st.tokio_waker, cx);
         Poll::Pending
@@ -158,7 +187,9 @@ impl Exchange {
             }
             return Poll::Ready(Some(Ok(chunk)));
         }
-        if st.out_abort {
+        if st.out_abort || (st.gone && !st.out_end) {
+            // A failed app, or a client whose request failed mid-body: the
+            // response must not look complete.
             return Poll::Ready(Some(Err(Aborted)));
         }
         if st.out_end {
@@ -178,9 +209,21 @@ impl Exchange {
     }
 
     /// Queues request-body data, split into chunks the app may receive.
+    /// A body growing past `max_body_size` rejects the request (413).
     pub(crate) fn push_body(self: &Arc<Self>, mut data: Bytes, shared: &Shared) {
         let max = shared.config.body_chunk_size;
         let mut st = self.st.lock();
+        st.body_total += data.len() as u64;
+        let limit = shared.config.max_body_size;
+        if limit > 0 && st.body_total > limit {
+            drop(st);
+            self.reject(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large",
+                shared,
+            );
+            return;
+        }
         st.body_bytes += data.len();
         while data.len() > max {
             let head = data.split_to(max);
@@ -221,6 +264,32 @@ impl Exchange {
         if wake {
             self.needs_python(shared);
         }
+    }
+
+    /// The server answers this request itself: the app sees
+    /// `http.disconnect`, and the client gets `status` (with `Connection:
+    /// close`) unless the app's response has started, in which case the
+    /// connection is closed.
+    pub(crate) fn reject(
+        self: &Arc<Self>,
+        status: StatusCode,
+        reason: &'static str,
+        shared: &Shared,
+    ) {
+        // Tokio side: the waker is woken directly (never through the
+        // asyncio-side batch, which needs the GIL: taking it while holding
+        // this lock could deadlock with `receive()`).
+        let waker = {
+            let mut st = self.st.lock();
+            if st.rejected.is_none() {
+                st.rejected = Some((status, reason));
+            }
+            st.tokio_waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        self.mark_gone(shared);
     }
 
     // ----------------------------------------------------------- Python side
@@ -267,6 +336,7 @@ fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {
     }
 }
 
+/// Asyncio side only (see [`Wakeups::wake`](crate::bridge::wake::Wakeups::wake)).
 fn wake_tokio(st: &mut ExchState, shared: &Shared) {
     if let Some(w) = st.tokio_waker.take() {
         shared.wakeups.wake(w);

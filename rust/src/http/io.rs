@@ -14,8 +14,26 @@ use crate::http::conn::ConnCtx;
 
 /// Sockets whose read readiness can be awaited, and read without waiting.
 pub(crate) trait Readiness {
+    /// Whether an idle connection may be parked (hyper's state dropped
+    /// while the socket waits): only when readiness of the socket means
+    /// bytes for the next request, which TLS's buffering breaks.
+    const PARKABLE: bool = true;
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+/// A TLS stream is never parked: rustls may hold decrypted bytes the
+/// socket's readiness knows nothing about.
+impl Readiness for tokio_rustls::server::TlsStream<TcpStream> {
+    const PARKABLE: bool = false;
+
+    fn poll_read_ready(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn try_read(&self, _buf: &mut [u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 impl Readiness for TcpStream {
@@ -56,7 +74,7 @@ impl<I: Readiness> ConnIo<I> {
     /// newly accepted socket as readable, so a read is attempted, and a
     /// `WouldBlock` clears that readiness.
     pub(crate) fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
+        if !self.prefix.is_empty() || !I::PARKABLE {
             return Poll::Ready(Ok(()));
         }
         let mut buf = [0u8; 2048];

@@ -214,12 +214,14 @@ pub(crate) fn parse_status(status: Option<Bound<'_, PyAny>>, what: &str) -> PyRe
             "{what} 'status' must be an int, got bool"
         )));
     }
-    let code: i64 = status.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
+    if !status.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(PyTypeError::new_err(format!(
             "{what} 'status' must be an int, got {}",
             type_name(&status)
-        ))
-    })?;
+        )));
+    }
+    // An int too large for i64 is out of range like any other.
+    let code: i64 = status.extract().unwrap_or(i64::MAX);
     u16::try_from(code)
         .ok()
         .filter(|c| (200..=599).contains(c))

@@ -6,6 +6,8 @@
 //! `send` → [`message`] validates what it sends → [`exchange`] carries it
 //! back → [`body`] feeds it to hyper, which writes the wire.
 
+pub(crate) mod accept;
+pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod conn;
 pub(crate) mod exchange;
@@ -28,12 +30,18 @@ use crate::http::service::HttpRequest;
 ///
 /// Never raises: a failure before the app runs is logged and answered 500.
 pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>) {
+    let head = req.parts.method == http::Method::HEAD;
     let scope = match scope::http_scope(py, ctx, &req) {
         Ok(s) => s,
         Err(e) => {
             ctx.log_error(py, "could not build the HTTP scope", Some(&e));
-            let proto =
-                HttpProtocol::new(Arc::clone(&req.exch), Arc::clone(ctx), req.received, None);
+            let proto = HttpProtocol::new(
+                Arc::clone(&req.exch),
+                Arc::clone(ctx),
+                head,
+                req.received,
+                None,
+            );
             proto.on_error(py, e);
             return;
         }
@@ -44,6 +52,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         HttpProtocol::new(
             Arc::clone(&req.exch),
             Arc::clone(ctx),
+            head,
             req.received,
             keep_scope,
         ),

@@ -4,8 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -18,6 +17,7 @@ use crate::errors::ClientDisconnected;
 use crate::http::exchange::{BodyOut, ExchState, Exchange, ResponseHead};
 use crate::http::message::{parse_http_send, HttpSend};
 use crate::server::Shared;
+use crate::wire::response::{declared_length, status_allows_body};
 
 /// Where the app is in its response.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -39,6 +39,11 @@ struct ProtoState {
     held: Option<(StatusCode, HeaderMap)>,
     status: u16,
     sent: u64,
+    /// The `Content-Length` the app declared and is held to (not for HEAD
+    /// or bodiless statuses, whose length describes no content here).
+    declared: Option<u64>,
+    /// The status allows no content (1xx, 204, 304).
+    no_body: bool,
     /// For the access log: the scope and the response headers as sent.
     scope: Option<Py<PyDict>>,
     response_headers: Option<Py<PyAny>>,
@@ -48,6 +53,8 @@ struct ProtoState {
 #[pyclass(frozen, freelist = 256, module = "skirr._skirr")]
 pub(crate) struct HttpProtocol {
     exch: Arc<Exchange>,
+    /// The request is `HEAD`: whatever body the app sends is not written.
+    head: bool,
     ctx: Arc<AppContext>,
     received: Option<Instant>,
     st: Mutex<ProtoState>,
@@ -69,20 +76,6 @@ fn disconnect_message(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     Ok(d.into_any())
 }
 
-fn plain_500() -> ResponseHead {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    ResponseHead {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        headers,
-        body: BodyOut::Full(Bytes::from_static(b"Internal Server Error")),
-    }
-}
-
 /// The next message `receive()` can deliver right now, if any.
 fn next_message<'py>(
     py: Python<'py>,
@@ -91,6 +84,11 @@ fn next_message<'py>(
     shared: &Shared,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let cfg = &shared.config;
+    if ex.gone {
+        // The client left (or the request was rejected mid-body): whatever
+        // body is still buffered must not look like a complete request.
+        return disconnect_message(py).map(Some);
+    }
     if let Some(chunk) = ex.body.pop_front() {
         let was_full = ex.body_bytes >= cfg.body_buffer;
         ex.body_bytes -= chunk.len();
@@ -101,9 +99,9 @@ fn next_message<'py>(
         ex.request_complete = !more;
         return request_message(py, &chunk, more).map(Some);
     }
-    if ex.gone || ex.responded {
-        // Once the response was sent (or the client left), only a
-        // disconnect is left to report (ASGI HTTP spec, "Disconnected").
+    if ex.responded {
+        // Once the response was sent, only a disconnect is left to report
+        // (ASGI HTTP spec, "Disconnected").
         return disconnect_message(py).map(Some);
     }
     if ex.body_end && !ex.request_complete {
@@ -154,11 +152,13 @@ impl HttpProtocol {
     pub(crate) fn new(
         exch: Arc<Exchange>,
         ctx: Arc<AppContext>,
+        head: bool,
         received: Option<Instant>,
         scope: Option<Py<PyDict>>,
     ) -> Self {
         Self {
             exch,
+            head,
             ctx,
             received,
             st: Mutex::new(ProtoState {
@@ -166,6 +166,8 @@ impl HttpProtocol {
                 held: None,
                 status: 0,
                 sent: 0,
+                declared: None,
+                no_body: false,
                 scope,
                 response_headers: None,
             }),
@@ -211,7 +213,10 @@ impl HttpProtocol {
                 st.status = 500;
                 st.sent = 21;
                 st.response_headers = None;
-                self.exch.respond(plain_500(), &self.ctx.shared);
+                self.exch.respond(
+                    ResponseHead::plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"),
+                    &self.ctx.shared,
+                );
                 self.finish(py, st);
             }
             Phase::Streaming => {
@@ -221,6 +226,43 @@ impl HttpProtocol {
             }
             Phase::Done => {}
         }
+    }
+
+    /// The app ended a response shorter than its `Content-Length`: what it
+    /// sent is written, then the connection is closed so the client sees
+    /// an incomplete message rather than a wrong one (RFC 9112 §6.3).
+    fn end_short<'py>(
+        &self,
+        py: Python<'py>,
+        st: &mut ProtoState,
+        body: Bytes,
+        total: u64,
+        declared: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.ctx.log_error(
+            py,
+            &format!(
+                "response body is shorter than its Content-Length ({total} of {declared} \
+                 bytes): closing the connection"
+            ),
+            None,
+        );
+        let shared = &self.ctx.shared;
+        st.sent = total;
+        if let Some((status, headers)) = st.held.take() {
+            self.exch.respond(
+                ResponseHead {
+                    status,
+                    headers,
+                    body: BodyOut::Stream,
+                },
+                shared,
+            );
+        }
+        self.exch.push_out(body, false, shared);
+        self.exch.abort(shared);
+        self.finish(py, st);
+        self.ctx.done(py)
     }
 
     /// The app suspended: flush a held start so headers are not delayed by
@@ -347,6 +389,15 @@ impl HttpProtocol {
                         "http.response.start sent twice: the response has already started",
                     ));
                 }
+                let declared = declared_length(&headers).map_err(|reason| {
+                    PyRuntimeError::new_err(format!("http.response.start has an {reason}"))
+                })?;
+                st.no_body = !status_allows_body(status);
+                st.declared = if self.head || st.no_body {
+                    None
+                } else {
+                    declared
+                };
                 st.status = status.as_u16();
                 if st.scope.is_some() {
                     let h = message.get_item(names(py).headers.bind(py)).ok();
@@ -377,7 +428,28 @@ impl HttpProtocol {
                     st.phase = Phase::Done;
                     return Err(ClientDisconnected::new_err("the client disconnected"));
                 }
-                st.sent += body.len() as u64;
+                let total = st.sent + body.len() as u64;
+                if st.no_body && !body.is_empty() && !self.head {
+                    return Err(PyRuntimeError::new_err(format!(
+                        "a {} response cannot have a body ({} bytes sent)",
+                        st.status,
+                        body.len()
+                    )));
+                }
+                if let Some(declared) = st.declared {
+                    if total > declared {
+                        // Refused before anything is queued: the wire never
+                        // carries more than the head announced.
+                        return Err(PyRuntimeError::new_err(format!(
+                            "response body is longer than its Content-Length of {declared} \
+                             bytes ({total} bytes sent)"
+                        )));
+                    }
+                    if !more_body && total < declared {
+                        return self.end_short(py, &mut st, body, total, declared);
+                    }
+                }
+                st.sent = total;
                 if st.phase == Phase::Held {
                     let (status, headers) = st.held.take().unwrap_or_default();
                     if !more_body {

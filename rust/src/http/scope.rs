@@ -15,6 +15,7 @@ use crate::bridge::names::{names, Names};
 use crate::http::conn::{ConnCtx, LocalAddr};
 use crate::http::service::HttpRequest;
 use crate::websocket::service::WsRequest;
+use crate::wire::proxy::Origin;
 
 fn method<'py>(py: Python<'py>, n: &Names, m: &Method) -> Bound<'py, PyString> {
     let interned = match *m {
@@ -97,11 +98,17 @@ fn fill_common(
 
     let raw = p.uri.path();
     let decoded = decode_path(raw);
-    if ctx.root_path.is_empty() {
+    let origin = p.extensions.get::<Origin>();
+    let proxy_root = origin.and_then(|o| o.root_path.as_deref());
+    if let Some(r) = proxy_root {
+        put(scope, &n.root_path, &PyString::new(py, r))?;
+    }
+    let root_path = proxy_root.unwrap_or(&ctx.root_path);
+    if root_path.is_empty() {
         put(scope, &n.path, &PyString::new(py, &decoded))?;
         put(scope, &n.raw_path, &PyBytes::new(py, raw.as_bytes()))?;
     } else {
-        let root = &ctx.root_path;
+        let root = root_path;
         put(
             scope,
             &n.path,
@@ -116,8 +123,9 @@ fn fill_common(
     put(scope, &n.query_string, &PyBytes::new(py, query.as_bytes()))?;
     put(scope, &n.headers, &headers(py, &p.headers)?)?;
 
-    let client = match conn.peer {
-        Some(peer) => match conn.py_client.get() {
+    let client = match (origin.and_then(|o| o.client.as_ref()), conn.peer) {
+        (Some((host, port)), _) => (host.as_str(), *port).into_pyobject(py)?.into_any(),
+        (None, Some(peer)) => match conn.py_client.get() {
             Some(c) => c.bind(py).clone(),
             None => {
                 let c = addr_tuple(py, &peer)?;
@@ -125,7 +133,7 @@ fn fill_common(
                 c
             }
         },
-        None => py.None().into_bound(py),
+        (None, None) => py.None().into_bound(py),
     };
     put(scope, &n.client, &client)?;
     let server = match conn.listener.py_server.get() {
@@ -141,6 +149,24 @@ fn fill_common(
     Ok(())
 }
 
+/// `scope["extensions"]`: `tls` (ASGI TLS extension 0.2) on TLS
+/// connections. `client_cert_name` is always `None` (no X.509 parsing here;
+/// the chain is given as PEM).
+fn extensions<'py>(py: Python<'py>, conn: &ConnCtx) -> PyResult<Bound<'py, PyDict>> {
+    let ext = PyDict::new(py);
+    if let Some(t) = &conn.tls {
+        let d = PyDict::new(py);
+        d.set_item("server_cert", conn.shared.tls_server_cert.as_deref())?;
+        d.set_item("client_cert_chain", PyList::new(py, &t.client_cert_chain)?)?;
+        d.set_item("client_cert_name", py.None())?;
+        d.set_item("client_cert_error", py.None())?;
+        d.set_item("tls_version", t.version)?;
+        d.set_item("cipher_suite", t.cipher_suite)?;
+        ext.set_item("tls", d)?;
+    }
+    Ok(ext)
+}
+
 /// The scope of an HTTP request (ASGI HTTP spec 2.5).
 pub(crate) fn http_scope<'py>(
     py: Python<'py>,
@@ -151,8 +177,14 @@ pub(crate) fn http_scope<'py>(
     let scope = ctx.http_template.bind(py).copy()?;
     fill_common(py, &scope, ctx, &req.parts, &req.conn)?;
     put(&scope, &n.method, &method(py, n, &req.parts.method))?;
-    put(&scope, &n.scheme, n.http.bind(py))?;
-    put(&scope, &n.extensions, &PyDict::new(py))?;
+    let https = req.parts.extensions.get::<Origin>().and_then(|o| o.https);
+    let scheme = if https.unwrap_or(req.conn.tls.is_some()) {
+        &n.https
+    } else {
+        &n.http
+    };
+    put(&scope, &n.scheme, scheme.bind(py))?;
+    put(&scope, &n.extensions, &extensions(py, &req.conn)?)?;
     Ok(scope)
 }
 
@@ -166,13 +198,19 @@ pub(crate) fn websocket_scope<'py>(
     let n = names(py);
     let scope = ctx.ws_template.bind(py).copy()?;
     fill_common(py, &scope, ctx, &req.parts, &req.conn)?;
-    put(&scope, &n.scheme, n.ws.bind(py))?;
+    let https = req.parts.extensions.get::<Origin>().and_then(|o| o.https);
+    let scheme = if https.unwrap_or(req.conn.tls.is_some()) {
+        &n.wss
+    } else {
+        &n.ws
+    };
+    put(&scope, &n.scheme, scheme.bind(py))?;
     put(
         &scope,
         &n.subprotocols,
         &PyList::new(py, &req.subprotocols)?,
     )?;
-    let ext = PyDict::new(py);
+    let ext = extensions(py, &req.conn)?;
     ext.set_item("websocket.http.response", PyDict::new(py))?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)

@@ -15,15 +15,17 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header::EXPECT;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use hyper::body::Incoming;
 
 use crate::bridge::queue::Event;
+use crate::http::activity::Expired;
 use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::{BodyOut, Exchange};
 use crate::server::Shared;
+use crate::wire::request::check_head;
 
 /// A request on its way to the application.
 pub(crate) struct HttpRequest {
@@ -59,12 +61,42 @@ fn expects_continue(parts: &http::request::Parts) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-/// Reads a whole body of a known small length.
-async fn read_small_body(body: &mut Incoming, len: usize) -> Result<Bytes, hyper::Error> {
+/// Reads a whole body of a known small length, before the app starts.
+/// `Err` carries the answer: 400 for a body that fails, 408 when the
+/// client stalls past `body_read_timeout`.
+async fn read_small_body(
+    body: &mut Incoming,
+    len: usize,
+    conn: &ConnCtx,
+) -> Result<Bytes, (StatusCode, &'static str)> {
     let mut first: Option<Bytes> = None;
     let mut rest: Option<BytesMut> = None;
-    while let Some(frame) = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-        let Ok(data) = frame?.into_data() else {
+    loop {
+        let frame = poll_fn(|cx| {
+            if conn.activity.take_expired() == Some(Expired::Body) {
+                return Poll::Ready(Err((
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request body not received in time",
+                )));
+            }
+            match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Pending => {
+                    conn.activity.body_wait(true);
+                    Poll::Pending
+                }
+                Poll::Ready(r) => {
+                    conn.activity.body_wait(false);
+                    Poll::Ready(Ok(r))
+                }
+            }
+        })
+        .await?;
+        let Some(frame) = frame else { break };
+        let frame = frame.map_err(|e| {
+            tracing::debug!("request body read failed before dispatch: {e}");
+            (StatusCode::BAD_REQUEST, "invalid request body")
+        })?;
+        let Ok(data) = frame.into_data() else {
             continue;
         };
         match (&mut first, &mut rest) {
@@ -85,21 +117,27 @@ async fn read_small_body(body: &mut Incoming, len: usize) -> Result<Bytes, hyper
 }
 
 /// Reads request body into the exchange while the app has room for it.
+///
+/// A body that fails to parse (a bad chunk, a length cut short) rejects the
+/// request with 400; the client going away does the same, unseen.
 pub(crate) fn pump_body(
     cx: &mut Context<'_>,
     exch: &Arc<Exchange>,
     incoming: &mut Option<Incoming>,
-    shared: &Shared,
+    conn: &ConnCtx,
     expect_continue: bool,
 ) {
+    let shared = &*conn.shared;
     while let Some(body) = incoming.as_mut() {
         if !exch.wants_body(shared, expect_continue) {
+            conn.activity.body_wait(false);
             return;
         }
         match Pin::new(body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     if !data.is_empty() {
+                        conn.activity.body_wait(false);
                         exch.push_body(data, shared);
                     }
                 }
@@ -107,13 +145,47 @@ pub(crate) fn pump_body(
             Poll::Ready(Some(Err(e))) => {
                 tracing::debug!("request body read failed: {e}");
                 *incoming = None;
-                exch.mark_gone(shared);
+                conn.activity.body_wait(false);
+                exch.reject(StatusCode::BAD_REQUEST, "invalid request body", shared);
             }
             Poll::Ready(None) => {
                 *incoming = None;
+                conn.activity.body_wait(false);
                 exch.end_body(shared);
             }
-            Poll::Pending => return,
+            Poll::Pending => {
+                conn.activity.body_wait(true);
+                return;
+            }
+        }
+    }
+}
+
+/// Answers a passed request deadline (see [`Activity`](crate::http::activity::Activity)).
+pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
+    let Some(e) = conn.activity.take_expired() else {
+        return;
+    };
+    let shared = &*conn.shared;
+    match e {
+        Expired::Body => {
+            tracing::debug!("request body from {:?} not received in time", conn.peer);
+            exch.reject(
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received in time",
+                shared,
+            );
+        }
+        Expired::ResponseStart => {
+            tracing::warn!(
+                "the application did not start a response within {:?}: answered 503",
+                shared.config.response_start_timeout
+            );
+            exch.reject(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the application did not respond in time",
+                shared,
+            );
         }
     }
 }
@@ -127,7 +199,22 @@ pub(crate) async fn handle(
     let busy = BusyGuard::new(&conn);
     let shared = &*conn.shared;
     shared.count_request();
-    let (parts, mut body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
+    if let Err(r) = check_head(&parts, &shared.config.limits) {
+        tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
+        return Ok(ResponseBody::plain(r.status, r.reason, busy));
+    }
+    if let Some(proxy) = &shared.config.proxy {
+        // What a trusted proxy says about the client rides in the request's
+        // extensions to the scope builder.
+        match proxy.origin(&parts.headers, conn.peer.map(|p| p.ip())) {
+            Ok(Some(origin)) => {
+                parts.extensions.insert(origin);
+            }
+            Ok(None) => {}
+            Err(reason) => return Ok(ResponseBody::plain(StatusCode::BAD_REQUEST, reason, busy)),
+        }
+    }
     if crate::websocket::handshake::is_upgrade(&parts) {
         return Ok(crate::websocket::service::handle(parts, conn, busy).await);
     }
@@ -135,20 +222,26 @@ pub(crate) async fn handle(
     // `Expect` only matters for a request with a body.
     let expect_continue = !bodyless && expects_continue(&parts);
 
+    let max_body = shared.config.max_body_size;
+    if max_body > 0 && body.size_hint().lower() > max_body {
+        tracing::debug!("rejected a request from {:?}: body too large", conn.peer);
+        return Ok(ResponseBody::plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large",
+            busy,
+        ));
+    }
     let prefetch = shared.config.body_prefetch as u64;
     let (exch, mut incoming) = if bodyless {
         (Arc::new(Exchange::with_complete_body(Bytes::new())), None)
     } else {
         match body.size_hint().exact() {
             Some(len) if !expect_continue && len <= prefetch => {
-                match read_small_body(&mut body, len as usize).await {
+                match read_small_body(&mut body, len as usize, &conn).await {
                     Ok(data) => (Arc::new(Exchange::with_complete_body(data)), None),
-                    Err(e) => {
-                        // The client failed mid-body: hyper closes the
-                        // connection; the app never sees this request.
-                        tracing::debug!("request body read failed before dispatch: {e}");
-                        return Ok(ResponseBody::bad_request(busy));
-                    }
+                    // The app never sees this request; hyper closes the
+                    // connection after the answer (its body is unread).
+                    Err((status, reason)) => return Ok(ResponseBody::plain(status, reason, busy)),
                 }
             }
             _ => (Arc::new(Exchange::default()), Some(body)),
@@ -167,10 +260,12 @@ pub(crate) async fn handle(
         received,
     })));
     let head = poll_fn(|cx| {
-        pump_body(cx, &exch, &mut incoming, shared, expect_continue);
+        check_deadlines(&conn, &exch);
+        pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
         exch.poll_head(cx)
     })
     .await;
+    conn.activity.responded();
     guard.armed = false;
     drop(guard);
 

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::http::accept;
 use crate::http::conn::{self, ListenerInfo, LocalAddr};
 use crate::server::Shared;
 
@@ -119,14 +120,18 @@ pub(crate) async fn accept_loop(
                 r = t.accept() => r.map(|(s, peer)| {
                     let _ = s.set_nodelay(true);
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    control.tracker.spawn(conn::serve(s, shared, info, Some(peer), permit));
+                    if shared.tls.is_some() || shared.config.proxy_protocol.is_some() {
+                        control.tracker.spawn(accept::serve_tcp(s, shared, info, peer, permit));
+                    } else {
+                        control.tracker.spawn(conn::serve(s, shared, info, Some(peer), permit, None));
+                    }
                 }),
                 _ = stop.cancelled() => return Ok(()),
             },
             L::Unix(u) => tokio::select! {
                 r = u.accept() => r.map(|(s, _)| {
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    control.tracker.spawn(conn::serve(s, shared, info, None, permit));
+                    control.tracker.spawn(conn::serve(s, shared, info, None, permit, None));
                 }),
                 _ = stop.cancelled() => return Ok(()),
             },

@@ -4,6 +4,7 @@
 pub(crate) mod connections;
 pub(crate) mod listen;
 pub(crate) mod run;
+pub(crate) mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -50,15 +51,47 @@ pub(crate) struct Shared {
     pub(crate) tracker: TaskTracker,
     /// Memory returned by parked connections, not yet given back to the OS.
     pub(crate) trim: crate::runtime::Trim,
+    /// TLS termination, when configured.
+    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The server certificate as PEM (the `tls` extension's `server_cert`).
+    pub(crate) tls_server_cert: Option<String>,
+    /// Called with the signal's name on SIGINT, SIGQUIT and SIGABRT, from
+    /// the Tokio thread (Gunicorn's `worker_int` and `worker_abort`: the
+    /// asyncio loop may be the thing that is stuck).
+    pub(crate) signal_hook: std::sync::OnceLock<Py<PyAny>>,
 }
 
 impl Shared {
-    pub(crate) fn new(config: Config) -> std::io::Result<Self> {
+    /// Errors: the TLS settings (a one-line `ValueError`), or the eventfd.
+    pub(crate) fn new(config: Config) -> PyResult<Self> {
+        let (tls, tls_server_cert) = match &config.tls {
+            Some(t) => {
+                let (a, pem) = tls::acceptor(t).map_err(pyo3::exceptions::PyValueError::new_err)?;
+                (Some(a), Some(pem))
+            }
+            None => (None, None),
+        };
         let mut h1 = http1::Builder::new();
         h1.timer(TokioTimer::new())
             // Skirr runs its own idle and head-read timers (see http::conn).
             .header_read_timeout(None)
             .keep_alive(true);
+        if config.max_head_size > 0 {
+            // hyper stops buffering an incomplete head at `max_buf_size`
+            // (its floor is 8 KiB) and checks a complete one against
+            // `max_header_size`: both answer 431.
+            h1.max_header_size(config.max_head_size)
+                .max_buf_size(config.max_head_size.max(8192));
+        }
+        if config.limit_request_fields != 100 {
+            // 100 is hyper's default, kept on the stack; any other count
+            // costs a heap buffer per request.
+            let n = match config.limit_request_fields {
+                0 => 32768,
+                n => n,
+            };
+            h1.max_headers(n);
+        }
         // One Tokio thread: announce events when it parks (see PyQueue).
         let queue = PyQueue::new(config.tokio_threads <= 1)?;
         Ok(Self {
@@ -71,6 +104,9 @@ impl Shared {
             connections: Connections::default(),
             tracker: TaskTracker::new(),
             trim: crate::runtime::Trim::default(),
+            tls,
+            tls_server_cert,
+            signal_hook: std::sync::OnceLock::new(),
         })
     }
 
@@ -94,6 +130,17 @@ impl Shared {
 
     pub(crate) fn stop_rx(&self) -> watch::Receiver<Option<Stop>> {
         self.stop.subscribe()
+    }
+
+    /// Runs the signal hook, if any; its errors are logged.
+    pub(crate) fn signal_hook(&self, name: &str) {
+        if let Some(hook) = self.signal_hook.get() {
+            Python::attach(|py| {
+                if let Err(e) = hook.call1(py, (name,)) {
+                    tracing::error!("{name} hook failed: {e}");
+                }
+            });
+        }
     }
 }
 
@@ -267,6 +314,11 @@ impl Server {
     }
 
     /// Asks a running server to stop: gracefully, or at once if `quick`.
+    /// Sets `hook(name)`, called on SIGINT, SIGQUIT and SIGABRT (once).
+    fn set_signal_hook(&self, hook: Py<PyAny>) {
+        let _ = self.shared.signal_hook.set(hook);
+    }
+
     #[pyo3(signature = (quick=false))]
     fn stop(&self, quick: bool) {
         self.shared.request_stop(if quick {

@@ -61,18 +61,21 @@ async fn next_quick(rx: &mut watch::Receiver<Option<Stop>>) {
 
 /// Registers the worker's signals. SIGTERM: graceful. SIGINT: graceful
 /// standalone (a second one is quick), quick under Gunicorn. SIGQUIT:
-/// quick. SIGUSR1: reopen log files.
+/// quick. SIGUSR1: reopen log files. SIGABRT (Gunicorn's timeout): the
+/// signal hook, then exit 1. INT, QUIT and ABRT run the signal hook first.
 fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut quit = signal(SignalKind::quit())?;
     let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut abrt = signal(SignalKind::from_raw(libc::SIGABRT))?;
     tokio::spawn(async move {
         let mut interrupted = false;
         loop {
             tokio::select! {
                 Some(()) = term.recv() => shared.request_stop(Stop::Graceful("SIGTERM")),
                 Some(()) = int.recv() => {
+                    shared.signal_hook("SIGINT");
                     if shared.config.sigint_graceful && !interrupted {
                         interrupted = true;
                         shared.request_stop(Stop::Graceful("SIGINT"));
@@ -80,7 +83,15 @@ fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
                         shared.request_stop(Stop::Quick("SIGINT"));
                     }
                 }
-                Some(()) = quit.recv() => shared.request_stop(Stop::Quick("SIGQUIT")),
+                Some(()) = quit.recv() => {
+                    shared.signal_hook("SIGQUIT");
+                    shared.request_stop(Stop::Quick("SIGQUIT"));
+                }
+                Some(()) = abrt.recv() => {
+                    tracing::error!("SIGABRT (the worker timed out): exiting");
+                    shared.signal_hook("SIGABRT");
+                    std::process::exit(1);
+                }
                 Some(()) = usr1.recv() => shared.queue.push(Event::ReopenLogs),
                 else => break,
             }

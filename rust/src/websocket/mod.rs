@@ -1,7 +1,7 @@
 //! WebSockets (RFC 6455) bridged to the ASGI WebSocket protocol (spec 2.5),
 //! with the `websocket.http.response` denial extension.
 //!
-//! Data flow: [`handshake`] recognises and validates an upgrade request →
+//! Data flow: [`handshake`](crate::wire::handshake) recognises and validates an upgrade request →
 //! [`service`] hands it to the app and waits for its decision; nothing is
 //! written until the app accepts (101 with its subprotocol and headers),
 //! closes (403) or answers with its own HTTP response → once upgraded,
@@ -10,7 +10,7 @@
 //! queues both ways → [`protocol`] gives the app `receive` and `send`.
 
 pub(crate) mod driver;
-pub(crate) mod handshake;
+pub(crate) use crate::wire::handshake;
 pub(crate) mod protocol;
 pub(crate) mod service;
 pub(crate) mod shared;

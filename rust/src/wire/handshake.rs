@@ -19,7 +19,7 @@ fn has_token(value: &HeaderValue, token: &str) -> bool {
 }
 
 /// Whether the request asks to switch to the WebSocket protocol.
-pub(crate) fn is_upgrade(parts: &Parts) -> bool {
+pub fn is_upgrade(parts: &Parts) -> bool {
     parts
         .headers
         .get_all(UPGRADE)
@@ -28,9 +28,9 @@ pub(crate) fn is_upgrade(parts: &Parts) -> bool {
 }
 
 /// Why a handshake is refused before the app sees it.
-pub(crate) struct Refusal {
-    pub(crate) status: StatusCode,
-    pub(crate) message: &'static str,
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: &'static str,
 }
 
 fn refuse(status: StatusCode, message: &'static str) -> Refusal {
@@ -47,7 +47,7 @@ fn is_base64_key(key: &[u8]) -> bool {
 }
 
 /// Checks the handshake; the `Sec-WebSocket-Accept` value on success.
-pub(crate) fn validate(parts: &Parts) -> Result<String, Refusal> {
+pub fn validate(parts: &Parts) -> Result<String, Refusal> {
     if parts.method != Method::GET {
         return Err(refuse(
             StatusCode::BAD_REQUEST,
@@ -97,7 +97,7 @@ pub(crate) fn validate(parts: &Parts) -> Result<String, Refusal> {
 
 /// The subprotocols the client offers, in order: every
 /// `Sec-WebSocket-Protocol` field, each a comma-separated list.
-pub(crate) fn subprotocols(headers: &HeaderMap) -> Vec<String> {
+pub fn subprotocols(headers: &HeaderMap) -> Vec<String> {
     headers
         .get_all(SEC_WEBSOCKET_PROTOCOL)
         .iter()
@@ -108,7 +108,7 @@ pub(crate) fn subprotocols(headers: &HeaderMap) -> Vec<String> {
 }
 
 /// `101 Switching Protocols` with the app's subprotocol and extra headers.
-pub(crate) fn switching_protocols(
+pub fn switching_protocols(
     accept_key: &str,
     subprotocol: Option<&str>,
     extra: HeaderMap,
@@ -131,7 +131,7 @@ pub(crate) fn switching_protocols(
 
 /// A short plain-text refusal (400, 403, 426, 500) that closes the
 /// connection.
-pub(crate) fn plain(status: StatusCode, message: &str) -> Response<Bytes> {
+pub fn plain(status: StatusCode, message: &str) -> Response<Bytes> {
     let mut resp = Response::new(Bytes::copy_from_slice(message.as_bytes()));
     *resp.status_mut() = status;
     let h = resp.headers_mut();

@@ -1,0 +1,308 @@
+//! What a connection is doing, for its timers.
+//!
+//! hyper's own `header_read_timeout` starts whenever it waits for a request
+//! head, so it also ends idle keep-alive connections; a server needs
+//! distinct limits for an idle connection, a trickled head, a stalled
+//! request body and (optionally) an app slow to start its response.
+//! [`Activity`] records the phase with relaxed atomics and one timer per
+//! connection checks it lazily: the clock is read on phase changes and when
+//! the timer fires, never per byte.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+
+/// `CLOCK_MONOTONIC_COARSE` in milliseconds: read a few times per request,
+/// so the cheapest clock will do (its resolution, a few ms, is far below
+/// any timeout's).
+fn coarse_ms() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+        .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
+    ts.tv_sec() as u64 * 1000 + ts.tv_nsec() as u64 / 1_000_000
+}
+
+fn clock_base() -> (Instant, u64) {
+    static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
+    *BASE.get_or_init(|| (Instant::now(), coarse_ms()))
+}
+
+/// Milliseconds on a process-wide monotonic clock, for connection timers.
+pub(crate) fn clock_ms() -> u64 {
+    coarse_ms().saturating_sub(clock_base().1)
+}
+
+/// The Tokio instant of a [`clock_ms`] reading.
+pub(crate) fn deadline_at(ms: u64) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(clock_base().0 + Duration::from_millis(ms))
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX / 4)) as u64
+}
+
+/// The connection timeouts, in milliseconds; 0 disables the last two.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub(crate) keepalive: u64,
+    pub(crate) header: u64,
+    pub(crate) body: u64,
+    pub(crate) response_start: u64,
+}
+
+impl Timeouts {
+    pub(crate) fn new(cfg: &Config) -> Self {
+        Timeouts {
+            keepalive: ms(cfg.keepalive_timeout),
+            header: ms(cfg.header_read_timeout),
+            body: ms(cfg.body_read_timeout),
+            response_start: ms(cfg.response_start_timeout),
+        }
+    }
+}
+
+/// A request deadline that passed; the request's service answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Expired {
+    /// The client sent no body bytes for `body_read_timeout` (408).
+    Body = 1,
+    /// The app did not start its response in `response_start_timeout` (503).
+    ResponseStart = 2,
+}
+
+/// What the connection timer should do.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Check again at this [`clock_ms`] time.
+    Next(u64),
+    /// Close the connection, for this reason.
+    Close(&'static str),
+    /// The current request's deadline passed (see [`Activity::take_expired`]).
+    Expire(Expired),
+}
+
+/// A connection's phase. See the module docs.
+#[derive(Default)]
+pub(crate) struct Activity {
+    /// A request is being served (from its head until its body is written).
+    busy: AtomicBool,
+    /// Bytes of a new request arrived while idle; the head is incomplete.
+    reading_head: AtomicBool,
+    /// When the current phase began (`clock_ms`): idle, head, or request.
+    since_ms: AtomicU64,
+    /// The app waits for request-body bytes the client has not sent.
+    awaiting_body: AtomicBool,
+    /// When the current wait for body bytes began.
+    body_since_ms: AtomicU64,
+    /// The response head has been handed to hyper.
+    responded: AtomicBool,
+    /// An [`Expired`] deadline not yet answered (0: none).
+    expired: AtomicU8,
+    /// A request has started on this connection.
+    served: AtomicBool,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        let a = Activity::default();
+        a.since_ms.store(clock_ms(), Ordering::Relaxed);
+        a
+    }
+
+    /// Bytes arrived on the socket.
+    pub(crate) fn on_bytes(&self) {
+        if !self.busy.load(Ordering::Relaxed) && !self.reading_head.load(Ordering::Relaxed) {
+            self.reading_head.store(true, Ordering::Relaxed);
+            self.since_ms.store(clock_ms(), Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn start_request(&self) {
+        self.since_ms.store(clock_ms(), Ordering::Relaxed);
+        self.served.store(true, Ordering::Relaxed);
+        self.busy.store(true, Ordering::Relaxed);
+        self.reading_head.store(false, Ordering::Relaxed);
+        self.awaiting_body.store(false, Ordering::Relaxed);
+        self.responded.store(false, Ordering::Relaxed);
+        self.expired.store(0, Ordering::Relaxed);
+    }
+
+    pub(crate) fn end_request(&self) {
+        self.since_ms.store(clock_ms(), Ordering::Relaxed);
+        self.busy.store(false, Ordering::Relaxed);
+    }
+
+    /// A new connection whose first request has not started: its client
+    /// has sent, or is sending, a request that a draining server still
+    /// serves (closing it would lose the request: only idle keep-alive
+    /// connections are closed at once).
+    pub(crate) fn is_fresh(&self) -> bool {
+        !self.served.load(Ordering::Relaxed) && !self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Whether the request body is awaited from the client right now.
+    pub(crate) fn body_wait(&self, waiting: bool) {
+        if self.awaiting_body.load(Ordering::Relaxed) != waiting {
+            if waiting {
+                self.body_since_ms.store(clock_ms(), Ordering::Relaxed);
+            }
+            self.awaiting_body.store(waiting, Ordering::Relaxed);
+        }
+    }
+
+    /// The response head went to hyper.
+    pub(crate) fn responded(&self) {
+        self.responded.store(true, Ordering::Relaxed);
+    }
+
+    /// A passed deadline of the current request, once.
+    pub(crate) fn take_expired(&self) -> Option<Expired> {
+        if self.expired.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        match self.expired.swap(u8::MAX, Ordering::Relaxed) {
+            1 => Some(Expired::Body),
+            2 => Some(Expired::ResponseStart),
+            _ => None,
+        }
+    }
+
+    /// Records a passed deadline for the service to answer.
+    pub(crate) fn expire(&self, e: Expired) {
+        let _ = self
+            .expired
+            .compare_exchange(0, e as u8, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Whether the connection has been idle (no request, no partial head)
+    /// for at least `d`.
+    pub(crate) fn idle_for(&self, d: Duration) -> bool {
+        !self.busy.load(Ordering::Relaxed)
+            && !self.reading_head.load(Ordering::Relaxed)
+            && clock_ms().saturating_sub(self.since_ms.load(Ordering::Relaxed)) >= ms(d)
+    }
+
+    /// What the timer should do now.
+    pub(crate) fn check(&self, t: &Timeouts) -> Verdict {
+        self.check_at(clock_ms(), t)
+    }
+
+    pub(crate) fn check_at(&self, now: u64, t: &Timeouts) -> Verdict {
+        let since = self.since_ms.load(Ordering::Relaxed);
+        if self.busy.load(Ordering::Relaxed) {
+            let mut next = now + t.keepalive.max(1);
+            if self.expired.load(Ordering::Relaxed) != 0 {
+                return Verdict::Next(next);
+            }
+            if t.body > 0 && self.awaiting_body.load(Ordering::Relaxed) {
+                let due = self.body_since_ms.load(Ordering::Relaxed) + t.body;
+                if now >= due {
+                    return Verdict::Expire(Expired::Body);
+                }
+                next = next.min(due);
+            }
+            if t.response_start > 0 && !self.responded.load(Ordering::Relaxed) {
+                let due = since + t.response_start;
+                if now >= due {
+                    return Verdict::Expire(Expired::ResponseStart);
+                }
+                next = next.min(due);
+            }
+            return Verdict::Next(next);
+        }
+        let (limit, reason) = if self.reading_head.load(Ordering::Relaxed) {
+            (t.header, "request head not received in time")
+        } else {
+            (t.keepalive, "keep-alive idle timeout")
+        };
+        let due = since + limit;
+        if now >= due {
+            Verdict::Close(reason)
+        } else {
+            Verdict::Next(due)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timeouts = Timeouts {
+        keepalive: 1000,
+        header: 5000,
+        body: 3000,
+        response_start: 0,
+    };
+
+    fn since(a: &Activity) -> u64 {
+        a.since_ms.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn idle_connection_times_out_after_keepalive() {
+        let a = Activity::new();
+        assert!(matches!(a.check_at(since(&a) + 500, &T), Verdict::Next(_)));
+        assert_eq!(
+            a.check_at(since(&a) + 1000, &T),
+            Verdict::Close("keep-alive idle timeout")
+        );
+    }
+
+    #[test]
+    fn a_started_head_gets_the_header_timeout_instead() {
+        let a = Activity::new();
+        a.on_bytes();
+        let t0 = since(&a);
+        assert!(matches!(a.check_at(t0 + 2000, &T), Verdict::Next(_)));
+        assert_eq!(
+            a.check_at(t0 + 6000, &T),
+            Verdict::Close("request head not received in time")
+        );
+    }
+
+    #[test]
+    fn a_busy_connection_never_closes_on_idle() {
+        let a = Activity::new();
+        a.start_request();
+        assert!(matches!(
+            a.check_at(since(&a) + 60_000, &T),
+            Verdict::Next(_)
+        ));
+        a.end_request();
+        assert!(matches!(a.check_at(since(&a) + 10, &T), Verdict::Next(_)));
+    }
+
+    #[test]
+    fn a_stalled_body_expires_once() {
+        let a = Activity::new();
+        a.start_request();
+        a.body_wait(true);
+        let t0 = a.body_since_ms.load(Ordering::Relaxed);
+        assert_eq!(a.check_at(t0 + 2000, &T), Verdict::Next(t0 + 3000));
+        assert_eq!(a.check_at(t0 + 3000, &T), Verdict::Expire(Expired::Body));
+        a.expire(Expired::Body);
+        assert_eq!(a.take_expired(), Some(Expired::Body));
+        assert_eq!(a.take_expired(), None);
+        assert!(matches!(a.check_at(t0 + 9000, &T), Verdict::Next(_)));
+        a.body_wait(false);
+    }
+
+    #[test]
+    fn response_start_deadline_only_until_the_head_is_sent() {
+        let t = Timeouts {
+            response_start: 2000,
+            ..T
+        };
+        let a = Activity::new();
+        a.start_request();
+        let t0 = since(&a);
+        assert_eq!(
+            a.check_at(t0 + 2000, &t),
+            Verdict::Expire(Expired::ResponseStart)
+        );
+        a.responded();
+        assert!(matches!(a.check_at(t0 + 2000, &t), Verdict::Next(_)));
+    }
+}

@@ -1,0 +1,270 @@
+//! TLS termination with rustls, configured from Gunicorn's SSL settings
+//! (`certfile`, `keyfile`, `ca_certs`, `cert_reqs`, `ciphers`,
+//! `ssl_version`), and what the ASGI `tls` extension (spec 0.2) reports
+//! about a connection.
+
+use std::sync::Arc;
+
+use rustls::crypto::ring as provider;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, SupportedCipherSuite};
+use tokio_rustls::TlsAcceptor;
+
+/// Whether clients must present a certificate (Python's `ssl.CERT_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// `CERT_NONE` (0): none is asked for.
+    None,
+    /// `CERT_OPTIONAL` (1): asked for, verified against `ca_certs` if sent.
+    Optional,
+    /// `CERT_REQUIRED` (2): a handshake without a valid one fails.
+    Required,
+}
+
+/// The TLS settings, as paths and names; see [`acceptor`].
+#[derive(Clone, Debug)]
+pub struct TlsSettings {
+    /// PEM certificate chain, leaf first.
+    pub certfile: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1), unencrypted.
+    pub keyfile: String,
+    /// PEM CA certificates for client certificates.
+    pub ca_certs: Option<String>,
+    pub client_auth: ClientAuth,
+    /// Colon-separated cipher suite names (IANA or OpenSSL spelling);
+    /// `None` keeps rustls's defaults.
+    pub ciphers: Option<String>,
+    /// Allowed versions: `"1.2"`, `"1.3"`. Default both.
+    pub versions: Vec<String>,
+}
+
+/// The `tls` extension's per-connection facts.
+#[derive(Debug)]
+pub struct TlsInfo {
+    /// e.g. `0x0304` for TLS 1.3.
+    pub version: u16,
+    /// The negotiated suite's IANA number.
+    pub cipher_suite: u16,
+    /// The client's certificate chain as PEM, leaf first (empty without
+    /// client authentication).
+    pub client_cert_chain: Vec<String>,
+}
+
+/// OpenSSL's names for the suites rustls implements.
+const OPENSSL_NAMES: &[(&str, &str)] = &[
+    ("TLS_AES_256_GCM_SHA384", "TLS13_AES_256_GCM_SHA384"),
+    ("TLS_AES_128_GCM_SHA256", "TLS13_AES_128_GCM_SHA256"),
+    (
+        "TLS_CHACHA20_POLY1305_SHA256",
+        "TLS13_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    ),
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    ),
+    (
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    ),
+    (
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    ),
+    (
+        "ECDHE-RSA-CHACHA20-POLY1305",
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+];
+
+fn suite_name(s: &SupportedCipherSuite) -> String {
+    format!("{:?}", s.suite())
+}
+
+fn pick_suites(list: &str) -> Result<Vec<SupportedCipherSuite>, String> {
+    let all = provider::ALL_CIPHER_SUITES;
+    let mut out = Vec::new();
+    for name in list
+        .split([':', ','])
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+    {
+        let iana = OPENSSL_NAMES
+            .iter()
+            .find(|(o, _)| o.eq_ignore_ascii_case(name))
+            .map_or(name, |(_, i)| *i);
+        let found = all.iter().find(|s| {
+            let n = suite_name(s);
+            n.eq_ignore_ascii_case(iana) || n.replace("TLS13_", "TLS_").eq_ignore_ascii_case(iana)
+        });
+        match found {
+            Some(s) => out.push(*s),
+            None => {
+                let known: Vec<&str> = OPENSSL_NAMES.iter().map(|(o, _)| *o).collect();
+                return Err(format!(
+                    "ciphers: {name:?} is not a cipher suite this server implements \
+                     (OpenSSL cipher-string keywords are not supported; name suites: {})",
+                    known.join(":")
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err("ciphers: no cipher suite named".into());
+    }
+    Ok(out)
+}
+
+fn read(path: &str, what: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{what} {path}: {e}"))
+}
+
+fn certs(path: &str, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = read(path, what)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{what} {path}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{what} {path}: no PEM certificate found"));
+    }
+    Ok(certs)
+}
+
+fn key(path: &str) -> Result<PrivateKeyDer<'static>, String> {
+    let pem = read(path, "keyfile")?;
+    let text = String::from_utf8_lossy(&pem);
+    if text.contains("ENCRYPTED PRIVATE KEY") || text.contains("Proc-Type: 4,ENCRYPTED") {
+        return Err(format!(
+            "keyfile {path} is encrypted with a passphrase, which this server cannot use; \
+             decrypt it first (openssl pkey -in {path} -out key.pem) and protect the file instead"
+        ));
+    }
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| format!("keyfile {path}: no usable private key ({e})"))
+}
+
+/// Builds the acceptor, and the PEM of the server's own certificate (the
+/// `tls` extension's `server_cert`).
+///
+/// Errors: one line naming the setting and the cause (a missing or
+/// unreadable file, an encrypted key, a key that does not match the
+/// certificate, an unknown cipher or version, `cert_reqs` without
+/// `ca_certs`).
+pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
+    let mut suites = provider::DEFAULT_CIPHER_SUITES.to_vec();
+    if let Some(list) = &s.ciphers {
+        suites = pick_suites(list)?;
+    }
+    let mut versions = Vec::new();
+    for v in &s.versions {
+        match v.as_str() {
+            "1.2" => versions.push(&rustls::version::TLS12),
+            "1.3" => versions.push(&rustls::version::TLS13),
+            other => {
+                return Err(format!(
+                    "ssl_version: TLS {other} is not supported (1.2 and 1.3 are)"
+                ))
+            }
+        }
+    }
+    if versions.is_empty() {
+        versions = vec![&rustls::version::TLS12, &rustls::version::TLS13];
+    }
+    // Keep only versions some chosen suite can serve.
+    versions.retain(|v| suites.iter().any(|s| s.version().version == v.version));
+    if versions.is_empty() {
+        return Err("ciphers: none of the named suites works with the allowed TLS versions".into());
+    }
+    let provider = Arc::new(CryptoProvider {
+        cipher_suites: suites,
+        ..provider::default_provider()
+    });
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&versions)
+        .map_err(|e| format!("TLS settings: {e}"))?;
+    let builder = match (s.client_auth, &s.ca_certs) {
+        (ClientAuth::None, _) => builder.with_no_client_auth(),
+        (_, None) => {
+            return Err("cert_reqs asks for client certificates but ca_certs is not set".into())
+        }
+        (auth, Some(ca)) => {
+            let mut roots = RootCertStore::empty();
+            for c in certs(ca, "ca_certs")? {
+                roots.add(c).map_err(|e| format!("ca_certs {ca}: {e}"))?;
+            }
+            let mut v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            if auth == ClientAuth::Optional {
+                v = v.allow_unauthenticated();
+            }
+            builder.with_client_cert_verifier(v.build().map_err(|e| format!("ca_certs {ca}: {e}"))?)
+        }
+    };
+    let chain = certs(&s.certfile, "certfile")?;
+    let server_pem = pem(&chain[0]);
+    let mut config = builder
+        .with_single_cert(chain, key(&s.keyfile)?)
+        .map_err(|e| format!("certfile/keyfile: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok((TlsAcceptor::from(Arc::new(config)), server_pem))
+}
+
+/// PEM text of a DER certificate.
+pub fn pem(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// The facts of a finished handshake.
+pub fn info(conn: &rustls::ServerConnection) -> TlsInfo {
+    TlsInfo {
+        version: conn.protocol_version().map_or(0, u16::from),
+        cipher_suite: conn
+            .negotiated_cipher_suite()
+            .map_or(0, |s| u16::from(s.suite())),
+        client_cert_chain: conn
+            .peer_certificates()
+            .map(|c| c.iter().map(|d| pem(d)).collect())
+            .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_encodes_base64_in_64_column_lines() {
+        let p = pem(b"\x00\x01\x02\x03");
+        assert_eq!(
+            p,
+            "-----BEGIN CERTIFICATE-----\nAAECAw==\n-----END CERTIFICATE-----\n"
+        );
+        let round = CertificateDer::from_pem_slice(pem(&[7u8; 100]).as_bytes()).expect("parses");
+        assert_eq!(round.as_ref(), &[7u8; 100][..]);
+    }
+
+    #[test]
+    fn cipher_names_in_either_spelling() {
+        let s = pick_suites("ECDHE-RSA-AES128-GCM-SHA256:TLS_AES_256_GCM_SHA384").expect("known");
+        assert_eq!(s.len(), 2);
+        let e = pick_suites("HIGH:!aNULL").unwrap_err();
+        assert!(e.contains("\"HIGH\""), "{e}");
+    }
+}

@@ -1,0 +1,310 @@
+//! Checks on a request head that hyper has parsed but leaves to the server:
+//! the request target's form (RFC 9112 §3.2), the `Host` field (RFC 9112
+//! §3.2, RFC 9110 §7.2) and Skirr's size limits (Gunicorn's
+//! `limit_request_line` and `limit_request_field_size`).
+//!
+//! hyper itself rejects what its parser cannot frame: invalid methods,
+//! targets, versions and field syntax (obs-fold, whitespace before the
+//! colon, CR/LF/NUL in values) with 400, too many fields or too large a head
+//! with 431, conflicting `Content-Length`s and a `Transfer-Encoding` whose
+//! final coding is not chunked with 400; a request carrying both
+//! `Content-Length` and `Transfer-Encoding` is read as chunked and the
+//! connection is closed after the response (RFC 9112 §6.1).
+
+use http::header::HOST;
+use http::request::Parts;
+use http::{Method, StatusCode, Uri, Version};
+
+/// Size limits on a request head; `0` disables a limit.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Longest request line (`method SP request-target SP HTTP-version`),
+    /// in bytes, without the CRLF. Over it: 414. Gunicorn's default 4094.
+    pub request_line: usize,
+    /// Longest header field line (`name: value`), in bytes. Over it: 431.
+    /// Gunicorn's default 8190.
+    pub field_size: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            request_line: 4094,
+            field_size: 8190,
+        }
+    }
+}
+
+/// Why a request is answered by the server instead of the app.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The response status (400, 414, 431 or 501).
+    pub status: StatusCode,
+    /// One line naming the cause; sent as the response body and logged.
+    pub reason: &'static str,
+}
+
+const fn reject(status: StatusCode, reason: &'static str) -> Rejection {
+    Rejection { status, reason }
+}
+
+/// Length of the request target as it was on the wire.
+fn target_len(uri: &Uri) -> usize {
+    let pq = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+    match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(auth)) => scheme.len() + 3 + auth.as_str().len() + pq,
+        (None, Some(auth)) => auth.as_str().len(),
+        _ => pq,
+    }
+}
+
+/// Checks a parsed request head: `Ok` if the app should see it.
+pub fn check_head(parts: &Parts, limits: &Limits) -> Result<(), Rejection> {
+    if limits.request_line > 0 {
+        // "HTTP/1.1" and two spaces.
+        let line = parts.method.as_str().len() + target_len(&parts.uri) + 10;
+        if line > limits.request_line {
+            return Err(reject(StatusCode::URI_TOO_LONG, "request line too long"));
+        }
+    }
+    if limits.field_size > 0 {
+        for (name, value) in &parts.headers {
+            if name.as_str().len() + 2 + value.len() > limits.field_size {
+                return Err(reject(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "header field too large",
+                ));
+            }
+        }
+    }
+    check_target(&parts.method, &parts.uri)?;
+    check_host(parts)
+}
+
+/// The request target's form must suit the method (RFC 9112 §3.2).
+fn check_target(method: &Method, uri: &Uri) -> Result<(), Rejection> {
+    if method == Method::CONNECT {
+        // An origin server has no tunnel to open (RFC 9110 §9.3.6).
+        return Err(reject(
+            StatusCode::NOT_IMPLEMENTED,
+            "CONNECT is not supported by this server",
+        ));
+    }
+    match (uri.scheme_str(), uri.authority()) {
+        (None, Some(_)) => Err(reject(
+            StatusCode::BAD_REQUEST,
+            "authority-form request target is only valid for CONNECT",
+        )),
+        (Some(s), _) if !s.eq_ignore_ascii_case("http") && !s.eq_ignore_ascii_case("https") => {
+            Err(reject(
+                StatusCode::BAD_REQUEST,
+                "request target scheme is not http or https",
+            ))
+        }
+        (None, None) if uri.path() == "*" && method != Method::OPTIONS => Err(reject(
+            StatusCode::BAD_REQUEST,
+            "asterisk-form request target is only valid for OPTIONS",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Exactly one valid `Host` on HTTP/1.1; at most one, valid, on HTTP/1.0.
+fn check_host(parts: &Parts) -> Result<(), Rejection> {
+    let mut hosts = parts.headers.get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) if parts.version >= Version::HTTP_11 => {
+            Err(reject(StatusCode::BAD_REQUEST, "missing Host header"))
+        }
+        (None, _) => Ok(()),
+        (Some(_), Some(_)) => Err(reject(StatusCode::BAD_REQUEST, "more than one Host header")),
+        (Some(h), None) if !is_valid_host(h.as_bytes()) => {
+            Err(reject(StatusCode::BAD_REQUEST, "invalid Host header"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn is_unreserved_or_sub_delim(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b)
+}
+
+/// `Host = uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2). An
+/// empty value is valid (a target without an authority).
+pub fn is_valid_host(v: &[u8]) -> bool {
+    let (host, port) = if let Some(rest) = v.strip_prefix(b"[") {
+        // IP-literal: an IPv6 address or IPvFuture in brackets.
+        let Some(end) = rest.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let inner = &rest[..end];
+        let ok = !inner.is_empty()
+            && inner
+                .iter()
+                .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+            || inner.first().is_some_and(|b| b.eq_ignore_ascii_case(&b'v'))
+                && inner[1..]
+                    .iter()
+                    .all(|&b| is_unreserved_or_sub_delim(b) || b == b':');
+        if !ok {
+            return false;
+        }
+        match &rest[end + 1..] {
+            [] => return true,
+            [b':', port @ ..] => (&[][..], port),
+            _ => return false,
+        }
+    } else {
+        match v.iter().position(|&b| b == b':') {
+            Some(i) => (&v[..i], &v[i + 1..]),
+            None => (v, &[][..]),
+        }
+    };
+    is_reg_name(host) && port.len() <= 5 && port.iter().all(u8::is_ascii_digit)
+}
+
+/// `reg-name = *( unreserved / pct-encoded / sub-delims )`; also covers
+/// IPv4 addresses.
+fn is_reg_name(s: &[u8]) -> bool {
+    let mut i = 0;
+    while i < s.len() {
+        let b = s[i];
+        if b == b'%' {
+            if !(s.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && s.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+            {
+                return false;
+            }
+            i += 3;
+            continue;
+        }
+        if !is_unreserved_or_sub_delim(b) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(raw: &str) -> Parts {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        req.parse(raw.as_bytes()).expect("test request parses");
+        let mut b = http::Request::builder()
+            .method(req.method.unwrap_or("GET"))
+            .uri(req.path.unwrap_or("/"))
+            .version(if req.version == Some(0) {
+                Version::HTTP_10
+            } else {
+                Version::HTTP_11
+            });
+        for h in req.headers.iter() {
+            b = b.header(h.name, h.value);
+        }
+        b.body(()).expect("test request builds").into_parts().0
+    }
+
+    fn status(raw: &str) -> Option<u16> {
+        check_head(&parts(raw), &Limits::default())
+            .err()
+            .map(|r| r.status.as_u16())
+    }
+
+    #[test]
+    fn host_rules() {
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+        assert_eq!(status("GET / HTTP/1.1\r\n\r\n"), Some(400));
+        assert_eq!(
+            status("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+            Some(400)
+        );
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), Some(400));
+        assert_eq!(status("GET / HTTP/1.0\r\n\r\n"), None);
+        assert_eq!(status("GET / HTTP/1.0\r\nHost: x@y\r\n\r\n"), Some(400));
+    }
+
+    #[test]
+    fn valid_hosts() {
+        for h in [
+            "",
+            "example.com",
+            "example.com:8080",
+            "127.0.0.1:80",
+            "[::1]",
+            "[::1]:8000",
+            "[v1.fe80::a+en1]",
+            "xn--bcher-kva.example",
+            "a%20b",
+            "host:",
+        ] {
+            assert!(is_valid_host(h.as_bytes()), "{h:?} is valid");
+        }
+        for h in [
+            "a b",
+            "user@host",
+            "host:port",
+            "host:123456",
+            "[::1",
+            "[::1]x",
+            "[]",
+            "a%2",
+            "a%zz",
+            "a/b",
+            "%",
+        ] {
+            assert!(!is_valid_host(h.as_bytes()), "{h:?} is invalid");
+        }
+    }
+
+    #[test]
+    fn target_forms() {
+        assert_eq!(status("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+        assert_eq!(status("GET * HTTP/1.1\r\nHost: a\r\n\r\n"), Some(400));
+        assert_eq!(status("GET http://a/x?y HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+        assert_eq!(
+            status("GET ftp://a/x HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Some(400)
+        );
+        assert_eq!(status("GET a:80 HTTP/1.1\r\nHost: a\r\n\r\n"), Some(400));
+        assert_eq!(
+            status("CONNECT a:80 HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Some(501)
+        );
+    }
+
+    #[test]
+    fn limits() {
+        let long = "a".repeat(4094);
+        assert_eq!(
+            status(&format!("GET /{long} HTTP/1.1\r\nHost: a\r\n\r\n")),
+            Some(414)
+        );
+        let ok = "a".repeat(4094 - 15);
+        assert_eq!(
+            status(&format!("GET /{ok} HTTP/1.1\r\nHost: a\r\n\r\n")),
+            None
+        );
+        let big = "v".repeat(8190);
+        assert_eq!(
+            status(&format!("GET / HTTP/1.1\r\nHost: a\r\nX: {big}\r\n\r\n")),
+            Some(431)
+        );
+        let fits = "v".repeat(8190 - 3);
+        assert_eq!(
+            status(&format!("GET / HTTP/1.1\r\nHost: a\r\nX: {fits}\r\n\r\n")),
+            None
+        );
+        let off = Limits {
+            request_line: 0,
+            field_size: 0,
+        };
+        let p = parts(&format!(
+            "GET /{long} HTTP/1.1\r\nHost: a\r\nX: {big}\r\n\r\n"
+        ));
+        assert!(check_head(&p, &off).is_ok());
+    }
+}

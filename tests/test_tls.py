@@ -1,0 +1,205 @@
+"""TLS terminated in Rust (rustls), configured with Gunicorn's SSL settings
+or the standalone ``--ssl-*`` options: https scheme, the ASGI ``tls``
+extension, client certificates, ciphers and versions, clear boot errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+
+import pytest
+from harness import gunicorn, skirr, wait_until
+
+trustme = pytest.importorskip("trustme")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    client = ca.issue_cert("client@example.test")
+    paths = {
+        "ca": d / "ca.pem",
+        "cert": d / "cert.pem",
+        "key": d / "key.pem",
+        "client_cert": d / "client-cert.pem",
+        "client_key": d / "client-key.pem",
+    }
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    for blob in server.cert_chain_pems[1:]:
+        blob.write_to_path(str(paths["cert"]), append=True)
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    client.cert_chain_pems[0].write_to_path(str(paths["client_cert"]))
+    client.private_key_pem.write_to_path(str(paths["client_key"]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def tls_get(port: int, ca: str, path: str = "/scope", *, cert=None, version=None) -> tuple[int, bytes, ssl.SSLSocket]:
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert:
+        ctx.load_cert_chain(*cert)
+    if version:
+        ctx.minimum_version = ctx.maximum_version = version
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = ctx.wrap_socket(raw, server_hostname="localhost")
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except (ssl.SSLEOFError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body, s
+
+
+def test_standalone_serves_https_with_the_tls_extension(pki):
+    with skirr("apps.probe:app", "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], ready=False) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        status, body, sock = tls_get(s.port, pki["ca"])
+        assert status == 200
+        scope = json.loads(body)
+        assert scope["scheme"] == "https"
+        tls = scope["extensions"]["tls"]
+        assert tls["tls_version"] == 0x0304
+        assert tls["cipher_suite"] > 0
+        assert tls["client_cert_chain"] == []
+        assert tls["server_cert"].startswith("-----BEGIN CERTIFICATE-----")
+        assert sock.version() == "TLSv1.3"
+
+
+def _tls_ready(port: int, ca: str) -> bool:
+    try:
+        return tls_get(port, ca, "/")[0] == 200
+    except OSError:
+        return False
+
+
+def test_gunicorn_certfile_keyfile_and_mtls(pki):
+    args = ["--certfile", pki["cert"], "--keyfile", pki["key"], "--ca-certs", pki["ca"], "--cert-reqs", "2"]
+    with gunicorn("apps.probe:app", *args, ready=False) as g:
+        client = (pki["client_cert"], pki["client_key"])
+        wait_until(lambda: _mtls_ready(g.port, pki["ca"], client), what="mTLS server")
+        status, body, _ = tls_get(g.port, pki["ca"], cert=client)
+        tls = json.loads(body)["extensions"]["tls"]
+        # The leaf first (the client may append its CA).
+        chain = tls["client_cert_chain"]
+        assert chain and chain[0].strip() == open(pki["client_cert"]).read().strip()
+        # Without a client certificate the handshake is refused.
+        with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
+            status, _, _ = tls_get(g.port, pki["ca"])
+            assert status != 200  # TLS 1.3 may report the refusal on the first read
+
+
+def _mtls_ready(port, ca, client) -> bool:
+    try:
+        return tls_get(port, ca, "/", cert=client)[0] == 200
+    except OSError:
+        return False
+
+
+def test_optional_client_certificate(pki):
+    args = ["--certfile", pki["cert"], "--keyfile", pki["key"], "--ca-certs", pki["ca"], "--cert-reqs", "1"]
+    with gunicorn("apps.probe:app", *args, ready=False) as g:
+        wait_until(lambda: _tls_ready(g.port, pki["ca"]), what="TLS server")
+        _, body, _ = tls_get(g.port, pki["ca"])
+        assert json.loads(body)["extensions"]["tls"]["client_cert_chain"] == []
+
+
+def test_ssl_version_and_ciphers(pki):
+    args = [
+        "--certfile",
+        pki["cert"],
+        "--keyfile",
+        pki["key"],
+        "--ssl-version",
+        "TLSv1_2",
+        "--ciphers",
+        "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES128-GCM-SHA256",
+    ]
+    with gunicorn("apps.probe:app", *args, ready=False) as g:
+        wait_until(lambda: _tls_ready(g.port, pki["ca"]), what="TLS server")
+        _, _, sock = tls_get(g.port, pki["ca"])
+        assert sock.version() == "TLSv1.2"
+        assert sock.cipher()[0] in ("ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES128-GCM-SHA256")
+        with pytest.raises(ssl.SSLError):
+            tls_get(g.port, pki["ca"], version=ssl.TLSVersion.TLSv1_3)
+
+
+def test_websocket_over_tls_has_scheme_wss(pki):
+    import base64
+    import os
+    import struct
+
+    with skirr("apps.ws_app:app", "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], ready=False) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        ctx = ssl.create_default_context(cafile=pki["ca"])
+        raw = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        with ctx.wrap_socket(raw, server_hostname="localhost") as c:
+            key = base64.b64encode(os.urandom(16)).decode()
+            c.sendall(
+                f"GET /scope HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+            )
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += c.recv(4096)
+            head, _, rest = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 101")
+            while len(rest) < 4:
+                rest += c.recv(4096)
+            n, off = rest[1] & 0x7F, 2
+            if n == 126:
+                n, off = struct.unpack("!H", rest[2:4])[0], 4
+            while len(rest) < off + n:
+                rest += c.recv(65536)
+            scope = json.loads(rest[off : off + n])
+            assert scope["scheme"] == "wss"
+            assert "tls" in scope["extensions"]
+
+
+@pytest.mark.parametrize(
+    "problem,args,words",
+    [
+        ("not a certificate", ["--certfile", "EMPTY", "--keyfile", "EMPTY"], ["certfile", "no PEM certificate"]),
+        ("unknown cipher", ["--ciphers", "HIGH:!aNULL"], ["ciphers", "HIGH"]),
+        ("old version", ["--ssl-version", "TLSv1"], ["TLS version", "not supported"]),
+        ("mtls without ca", ["--cert-reqs", "2"], ["ca_certs"]),
+    ],
+)
+def test_unusable_tls_settings_stop_the_boot_with_one_line(pki, tmp_path, problem, args, words):
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+    args = [str(empty) if a == "EMPTY" else a for a in args]
+    base = [] if "certificate" in problem else ["--certfile", pki["cert"], "--keyfile", pki["key"]]
+    with gunicorn("apps.probe:app", *base, *args, ready=False) as g:
+        assert g.wait(20) != 0, "the master halts when a worker cannot boot"
+        logs = g.logs()
+    line = next((ln for ln in logs.splitlines() if "[ERROR] skirr:" in ln), "")
+    assert line, logs
+    for w in words:
+        assert w in line, (w, line)
+    assert "Traceback" not in logs
+
+
+def test_encrypted_key_is_refused_clearly(pki, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(open(pki["key"], "rb").read(), password=None)
+    enc = tmp_path / "enc.pem"
+    enc.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    with gunicorn("apps.probe:app", "--certfile", pki["cert"], "--keyfile", str(enc), ready=False) as g:
+        assert g.wait(20) != 0
+        assert "encrypted with a passphrase" in g.logs()
