@@ -191,9 +191,17 @@ def test_worker_tmp_dir_chdir_raw_env(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching user needs root")
-def test_user_and_group():
+def test_user_and_group(tmp_path):
     nobody = pwd.getpwnam("nobody")
-    with gunicorn(APP, "--user", "nobody", "--group", str(nobody.pw_gid)) as g:
+    # The interpreters on these machines live under /root (mode 0700), so
+    # nothing can be imported once the worker runs as nobody; CPython 3.13's
+    # random.seed() imports _sha2 lazily. Importing hashlib in the master (as a
+    # config file does) makes it inherited, as a deployed interpreter in
+    # /usr would make it readable.
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text("import hashlib  # noqa: F401\n")
+    conf.chmod(0o644)
+    with gunicorn(APP, "-c", str(conf), "--user", "nobody", "--group", str(nobody.pw_gid)) as g:
         pid = worker_pids(g.proc.pid)[0]
         status = Path(f"/proc/{pid}/status").read_text()
         assert re.search(rf"Uid:\s+{nobody.pw_uid}\s", status)

@@ -63,7 +63,8 @@ fn expects_continue(parts: &http::request::Parts) -> bool {
 
 /// Reads a whole body of a known small length, before the app starts.
 /// `Err` carries the answer: 400 for a body that fails, 408 when the
-/// client stalls past `body_read_timeout`.
+/// client stalls past `body_read_timeout`, 503 past
+/// `response_start_timeout`.
 async fn read_small_body(
     body: &mut Incoming,
     len: usize,
@@ -73,11 +74,20 @@ async fn read_small_body(
     let mut rest: Option<BytesMut> = None;
     loop {
         let frame = poll_fn(|cx| {
-            if conn.activity.take_expired() == Some(Expired::Body) {
-                return Poll::Ready(Err((
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request body not received in time",
-                )));
+            match conn.activity.take_expired() {
+                Some(Expired::Body) => {
+                    return Poll::Ready(Err((
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request body not received in time",
+                    )))
+                }
+                Some(Expired::ResponseStart) => {
+                    return Poll::Ready(Err((
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the application did not respond in time",
+                    )))
+                }
+                None => {}
             }
             match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Pending => {
