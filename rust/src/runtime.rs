@@ -16,8 +16,9 @@ use crate::server::Shared;
 ///
 /// A burst of activity leaves hyper's per-connection buffers freed but
 /// still mapped (the allocator keeps them); once enough connections have
-/// parked, `malloc_trim` returns the free pages. It runs on the Tokio thread
-/// just before it idles, so never while requests are waiting.
+/// parked, the free pages are returned (jemalloc's `arena.<all>.purge`, or
+/// glibc's `malloc_trim` without the `jemalloc` feature). It runs on the
+/// Tokio thread just before it idles, so never while requests are waiting.
 #[derive(Default)]
 pub(crate) struct Trim {
     parked: AtomicUsize,
@@ -37,7 +38,19 @@ impl Trim {
             return;
         }
         self.parked.store(0, Ordering::Relaxed);
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        #[cfg(feature = "jemalloc")]
+        // SAFETY: `arena.<MALLCTL_ARENAS_ALL>.purge` takes no input and no
+        // output; it returns every arena's unused dirty pages to the OS.
+        unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"arena.4096.purge".as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            );
+        }
+        #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
         // SAFETY: malloc_trim only releases free heap pages; it takes the
         // allocator's locks itself and is safe to call from any thread.
         unsafe {
