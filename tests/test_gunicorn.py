@@ -123,9 +123,10 @@ def test_worker_exits_when_the_master_dies():
                 os.kill(workers[0], 0)
             except ProcessLookupError:
                 return True
-            # A zombie (not yet reaped by init) counts as exited.
+            # A zombie (not yet reaped by init) counts as exited. The state
+            # follows the command name, which may hold spaces and ")".
             with open(f"/proc/{workers[0]}/stat") as f:
-                return f.read().split()[2] == "Z"
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
         wait_until(gone, timeout=5, what="orphaned worker exit")
         assert time.monotonic() - t0 < 2.0
