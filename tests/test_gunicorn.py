@@ -129,7 +129,8 @@ def test_worker_exits_when_the_master_dies():
                 return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
         wait_until(gone, timeout=5, what="orphaned worker exit")
-        assert time.monotonic() - t0 < 2.0
+        # Issue 3: "within a second of the master's death".
+        assert time.monotonic() - t0 < 1.0
 
 
 def test_keepalive_setting_is_honoured():
