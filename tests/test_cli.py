@@ -145,6 +145,30 @@ def test_invalid_option_value_is_one_line():
     assert "--lifespan" in p.stderr and "auto, on, off" in p.stderr
 
 
+def test_port_out_of_range_is_one_line():
+    p = run_cli("apps.probe:app", "--app-dir", "tests", "--port", "99999")
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr and "port must be 0-65535" in p.stderr
+
+
+def test_uvloop_asked_for_but_missing_is_one_line(tmp_path):
+    # uvloop is installed with the test extra: hide it (a None entry in
+    # sys.modules makes it unimportable) through a sitecustomize module.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['uvloop'] = None\n")
+    env = _env(None)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    p = subprocess.run(
+        [PY, "-m", "skirr", "apps.probe:app", "--app-dir", "tests", "--port", "0", "--loop", "uvloop"],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and "'uvloop' is not installed" in p.stderr, p.stderr
+
+
 def test_environment_variables_set_options():
     with skirr("apps.probe:app", env={"SKIRR_ROOT_PATH": "/env"}) as s:
         assert b'"root_path": "/env"' in request(s.port, "GET", "/scope").body

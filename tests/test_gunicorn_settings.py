@@ -232,6 +232,25 @@ def test_skirr_options_from_the_config_file_and_environment(tmp_path):
         assert request(g.port, "POST", "/echo", body=b"x" * 6).status == 413
 
 
+def test_a_misspelled_skirr_setting_is_named_in_a_warning(tmp_path):
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text("skirr_max_bdy_size = 5\n")
+    with gunicorn(APP, "-c", str(conf)) as g:
+        want = "setting skirr_max_bdy_size does not apply: not a Skirr option (did you mean skirr_max_body_size?)"
+        wait_until(lambda: want in g.logs(), what="warning")
+        assert request(g.port, "POST", "/echo", body=b"x" * 6).status == 200
+
+
+def test_uvloop_asked_for_but_missing_stops_the_boot(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['uvloop'] = None\n")
+    path = os.pathsep.join([str(tmp_path), str(ROOT), str(ROOT / "tests")])
+    with gunicorn(APP, env={"SKIRR_LOOP": "uvloop", "PYTHONPATH": path}, ready=False) as g:
+        assert g.wait(20) != 0, "the master halts when a worker cannot boot"
+        assert "'uvloop' is not installed" in g.logs()
+        assert "exited with code 3" in g.logs()
+        assert "Traceback" not in g.logs()
+
+
 def test_inapplicable_settings_warn_once_and_unhonourable_ones_stop_the_boot():
     with gunicorn(APP, "--threads", "4") as g:
         wait_until(lambda: "setting threads does not apply" in g.logs(), what="warning")
@@ -283,6 +302,11 @@ def test_server_hooks(tmp_path):
             assert name in text, (name, text)
         assert "pre_request GET /healthz yes" in text
         assert re.search(r"post_request GET /healthz 200 200 OK 127\.0\.0\.1 2", text), text
+        # An app that raises before responding: the hook sees what the client got.
+        crash = request(g.port, "GET", "/crash")
+        assert crash.status == 500
+        want = f"post_request GET /crash 500 500 Internal Server Error 127.0.0.1 {len(crash.body)}"
+        wait_until(lambda: want in "\n".join(lines()), what="post_request after a crash")
 
         # worker_int: SIGINT to a worker.
         w = worker_pids(g.proc.pid)[0]

@@ -68,6 +68,21 @@ def test_malformed_head_is_400_and_closes(server, case):
     expect_rejected(server.port, BAD_FRAMING[case])
 
 
+@pytest.mark.parametrize(
+    "te,status",
+    [(b"gzip, chunked", 501), (b"x-custom;q=1, chunked", 501), (b"chunked, chunked", 400)],
+)
+def test_transfer_codings_other_than_one_chunked_are_refused(server, te, status):
+    # RFC 9112 §6.1 (501 for a coding the server does not implement) and
+    # §7.1 (chunked only once): the app never sees a body still encoded.
+    expect_rejected(
+        server.port,
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: " + te + b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        status,
+    )
+    assert request(server.port).status == 200
+
+
 BAD_BODIES = {
     "invalid chunk size": b"zz\r\nhello\r\n0\r\n\r\n",
     "chunk size overflow": b"ffffffffffffffffffff\r\nhello\r\n0\r\n\r\n",

@@ -123,6 +123,22 @@ def test_disconnect_while_streaming_stops_the_app(server):
     assert evs[0]["stream_error"] == "ClientDisconnected"
 
 
+def test_a_disconnect_error_the_app_wraps_is_not_logged_as_an_app_error():
+    # Starlette turns our ClientDisconnected into its own ClientDisconnect;
+    # any client aborting a stream must not put a traceback in the log.
+    with skirr("apps.probe:app", "--no-access-log", "--log-level", "debug") as s:
+        with RawConn(s.port) as c:
+            c.send(b"GET /stream-until-disconnect?tag=w1&reraise=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+            c.read_head()
+            c.read_exact(4096)
+        wait_until(lambda: "client disconnected" in s.logs(), what="debug line")
+        assert "Exception in ASGI application" not in s.logs()
+        assert "LookupError" not in s.logs()
+        # An app error while the client is still there is still logged.
+        assert request(s.port, "GET", "/crash").status == 500
+        wait_until(lambda: "Exception in ASGI application" in s.logs(), what="error log")
+
+
 def test_receive_reports_disconnect_while_the_app_streams(server):
     with RawConn(server.port) as c:
         c.send(b"GET /listen-disconnect?tag=l1 HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import subprocess
 
 import pytest
-from harness import gunicorn, skirr, wait_until
+from harness import PY, ROOT, _env, gunicorn, skirr, wait_until
 
 trustme = pytest.importorskip("trustme")
 
@@ -186,6 +187,23 @@ def test_unusable_tls_settings_stop_the_boot_with_one_line(pki, tmp_path, proble
     for w in words:
         assert w in line, (w, line)
     assert "Traceback" not in logs
+
+
+def test_standalone_tls_errors_are_one_line(pki):
+    p = subprocess.run(
+        [PY, "-m", "skirr", "apps.probe:app", "--app-dir", "tests", "--port", "0"]
+        + ["--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], "--ssl-ciphers", "HIGH"],
+        cwd=str(ROOT),
+        env=_env(None),
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert p.returncode == 1
+    assert "Traceback" not in p.stderr
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith("skirr: error:")]
+    assert line and "HIGH" in line[0], p.stderr
+    assert "listening at https://" in p.stderr
 
 
 def test_encrypted_key_is_refused_clearly(pki, tmp_path):

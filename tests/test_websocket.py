@@ -112,6 +112,13 @@ def test_bad_handshakes_are_refused_without_the_app(server):
     with RawConn(server.port) as c:
         c.send(b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
         assert c.read_response().status == 400
+    with RawConn(server.port) as c:  # two keys (RFC 6455 §11.3.1: at most one)
+        c.send(
+            b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Key: AQIDBAUGBwgJCgsMDQ4PEA==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        assert c.read_response().status == 400
 
 
 # ------------------------------------------------------------------ messages

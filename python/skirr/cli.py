@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("app", metavar="APP", help="the application, as module:attribute")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="bind port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="bind port (default 8000)")
     p.add_argument("--uds", metavar="PATH", help="bind a Unix domain socket instead")
     p.add_argument("--fd", type=int, help="serve on an already listening socket fd")
     p.add_argument("--backlog", type=int, default=2048, help="listen backlog (default 2048)")
@@ -56,6 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     for o in config.OPTIONS:
         opts.add_argument(o.flag, dest=o.name, default=None, help=f"{o.help} (default {o.default!r}; env {o.env})")
     return p
+
+
+def _port(v: str) -> int:
+    try:
+        port = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {v!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {port}")
+    return port
 
 
 def _fail(msg: str) -> int:
@@ -117,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sock, kind, name = open_listener(args)
     except OSError as e:
         return _fail(e.strerror or str(e))
+    if values.get("ssl_certfile") and name.startswith("http://"):
+        name = "https://" + name[len("http://") :]
     error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
     rust = config.rust_config(values, access_log=access_log is not None, sigint_graceful=True)
     try:
@@ -131,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StartupFailed as e:
         error_log.error("Application startup failed: %s", e)
         return EXIT_STARTUP_FAILED
+    except (ValueError, TypeError) as e:
+        # The Rust core refused a setting (e.g. an unreadable certfile).
+        return _fail(str(e))
     finally:
         if kind == "unix" and args.uds:
             try:

@@ -10,6 +10,7 @@ used by the Python side.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -26,6 +27,16 @@ def _choice(*values: str) -> Callable[[str], str]:
 
     parse.__name__ = "|".join(values)
     return parse
+
+
+def _loop(v: Any) -> str:
+    kind = _choice("auto", "asyncio", "uvloop")(v)
+    if kind == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise ValueError("'uvloop' is not installed (pip install uvloop), use auto or asyncio")
+    return kind
+
+
+_loop.__name__ = "auto|asyncio|uvloop"
 
 
 def _bool(v: Any) -> bool:
@@ -138,7 +149,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "loop",
         "auto",
-        _choice("auto", "asyncio", "uvloop"),
+        _loop,
         "event loop: uvloop when installed (auto), or plain asyncio",
         rust=False,
     ),

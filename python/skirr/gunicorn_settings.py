@@ -14,6 +14,7 @@ master's hooks) is Gunicorn's own doing and works as with any worker.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,4 +155,10 @@ def check(cfg: Any) -> Problems:
         )
     if getattr(cfg, "keyfile", None) and not getattr(cfg, "certfile", None):
         p.errors.append("keyfile is set without certfile")
+    mod = config_module(cfg)
+    for attr in sorted(vars(mod)) if mod is not None else ():
+        if attr.startswith("skirr_") and attr[len("skirr_") :] not in config.BY_NAME:
+            close = difflib.get_close_matches(attr[len("skirr_") :], config.BY_NAME, n=1)
+            hint = f" (did you mean skirr_{close[0]}?)" if close else ""
+            p.inapplicable.append((attr, f"not a Skirr option{hint}"))
     return p

@@ -109,9 +109,14 @@ class HookRequest:
         self.peer_addr = tuple(client) if client else None
 
 
+#: The body of the 500 Skirr sends when an app fails before responding.
+INTERNAL_ERROR_BODY = b"Internal Server Error"
+
+
 class HookResponse:
     """``post_request``'s ``resp``: ``status`` (``"200 OK"``-style str, as
-    Gunicorn's), ``status_code`` (int; 0 if no response started),
+    Gunicorn's), ``status_code`` (int; 500 when the app failed before responding,
+    as the client was answered),
     ``headers`` (``[(name, value)]`` str pairs) and ``sent`` (body bytes)."""
 
     __slots__ = ("status_code", "headers", "sent")
@@ -161,6 +166,12 @@ def with_request_hooks(app: Any, worker: Worker) -> Any:
         try:
             await app(scope, receive, send_and_note)
         finally:
+            if resp.status_code == 0:
+                # The app raised or returned before starting a response:
+                # Skirr answers 500 with this body (rust/src/http/protocol.rs).
+                resp.status_code = 500
+                resp.headers = [("content-type", "text/plain; charset=utf-8")]
+                resp.sent = len(INTERNAL_ERROR_BODY)
             try:
                 cfg.post_request(worker, req, environ(scope, req.headers), resp)
             except Exception:  # noqa: BLE001

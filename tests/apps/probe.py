@@ -222,6 +222,9 @@ async def app(scope, receive, send):
                 await asyncio.sleep(0.01)
         except OSError as e:
             EVENTS.append({"stream_error": type(e).__name__, "tag": q.get("tag"), "sent": sent})
+            if q.get("reraise"):
+                # Starlette's StreamingResponse: `except OSError: raise ClientDisconnect()`.
+                raise LookupError("client went away")  # noqa: B904
         return
     if path == "/listen-disconnect":
         # Starlette's pattern: stream while a second task waits on receive().

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -320,9 +321,10 @@ impl HttpProtocol {
     pub(crate) fn on_error(&self, py: Python<'_>, err: PyErr) {
         let mut st = self.st.lock();
         let gone = self.exch.lock().gone;
-        if err.is_instance_of::<ClientDisconnected>(py) && gone {
-            // The app let our own disconnect error escape: not a bug to log
-            // at error level.
+        if gone && caused_by_disconnect(py, &err) {
+            // The app let our own disconnect error escape, maybe wrapped
+            // (Starlette raises its `ClientDisconnect` from it): not a bug
+            // to log at error level, and any client could fill the log.
             self.ctx
                 .log(py, 10, "ASGI callable stopped: client disconnected");
         } else {
@@ -331,6 +333,26 @@ impl HttpProtocol {
         }
         self.fail(py, &mut st);
     }
+}
+
+/// Whether `err` is `ClientDisconnected` or was raised while handling one
+/// (its `__cause__`/`__context__` chain, a few links deep).
+fn caused_by_disconnect(py: Python<'_>, err: &PyErr) -> bool {
+    let mut exc = err.value(py).clone().into_any();
+    for _ in 0..8 {
+        if exc.is_instance_of::<ClientDisconnected>() {
+            return true;
+        }
+        let next = match exc.getattr(intern!(py, "__cause__")) {
+            Ok(c) if !c.is_none() => c,
+            _ => match exc.getattr(intern!(py, "__context__")) {
+                Ok(c) if !c.is_none() => c,
+                _ => return false,
+            },
+        };
+        exc = next;
+    }
+    false
 }
 
 #[pymethods]

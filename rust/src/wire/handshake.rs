@@ -71,8 +71,11 @@ pub fn validate(parts: &Parts) -> Result<String, Refusal> {
             "missing 'Connection: Upgrade'",
         ));
     }
-    let accept = match parts.headers.get(SEC_WEBSOCKET_KEY) {
-        Some(k) if is_base64_key(k.as_bytes().trim_ascii()) => {
+    // Exactly one key (RFC 6455 §4.2.1 item 5: "a |Sec-WebSocket-Key|
+    // header field"; §11.3.1: it MUST NOT appear more than once).
+    let mut keys = parts.headers.get_all(SEC_WEBSOCKET_KEY).iter();
+    let accept = match (keys.next(), keys.next()) {
+        (Some(k), None) if is_base64_key(k.as_bytes().trim_ascii()) => {
             tungstenite::handshake::derive_accept_key(k.as_bytes().trim_ascii())
         }
         _ => {
@@ -194,6 +197,13 @@ mod tests {
         assert_eq!(validate(&p).err().unwrap().status, StatusCode::BAD_REQUEST);
         let mut p = parts(handshake().body(()).unwrap());
         p.headers.remove(CONNECTION);
+        assert_eq!(validate(&p).err().unwrap().status, StatusCode::BAD_REQUEST);
+        let p = parts(
+            handshake()
+                .header("Sec-WebSocket-Key", "AQIDBAUGBwgJCgsMDQ4PEA==")
+                .body(())
+                .unwrap(),
+        );
         assert_eq!(validate(&p).err().unwrap().status, StatusCode::BAD_REQUEST);
     }
 

@@ -7,11 +7,12 @@
 //! targets, versions and field syntax (obs-fold, whitespace before the
 //! colon, CR/LF/NUL in values) with 400, too many fields or too large a head
 //! with 431, conflicting `Content-Length`s and a `Transfer-Encoding` whose
-//! final coding is not chunked with 400; a request carrying both
+//! final coding is not chunked with 400 (Skirr adds: 501 for any coding
+//! but chunked, 400 for chunked twice); a request carrying both
 //! `Content-Length` and `Transfer-Encoding` is read as chunked and the
 //! connection is closed after the response (RFC 9112 §6.1).
 
-use http::header::HOST;
+use http::header::{HOST, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, StatusCode, Uri, Version};
 
@@ -78,7 +79,38 @@ pub fn check_head(parts: &Parts, limits: &Limits) -> Result<(), Rejection> {
         }
     }
     check_target(&parts.method, &parts.uri)?;
+    check_transfer_coding(parts)?;
     check_host(parts)
+}
+
+/// `chunked` is the only transfer coding Skirr implements (RFC 9112 §6.1:
+/// 501 for one it does not understand), and it applies once (§7.1).
+/// hyper has already rejected a final coding other than `chunked`.
+fn check_transfer_coding(parts: &Parts) -> Result<(), Rejection> {
+    let mut chunked = 0;
+    for value in parts.headers.get_all(TRANSFER_ENCODING) {
+        for coding in value.as_bytes().split(|&b| b == b',') {
+            let name = coding.split(|&b| b == b';').next().unwrap_or_default();
+            let name = name.trim_ascii();
+            if name.is_empty() {
+                continue;
+            }
+            if !name.eq_ignore_ascii_case(b"chunked") {
+                return Err(reject(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "transfer coding not implemented (only chunked)",
+                ));
+            }
+            chunked += 1;
+        }
+    }
+    if chunked > 1 {
+        return Err(reject(
+            StatusCode::BAD_REQUEST,
+            "chunked transfer coding applied more than once",
+        ));
+    }
+    Ok(())
 }
 
 /// The request target's form must suit the method (RFC 9112 §3.2).
@@ -212,6 +244,24 @@ mod tests {
         check_head(&parts(raw), &Limits::default())
             .err()
             .map(|r| r.status.as_u16())
+    }
+
+    #[test]
+    fn transfer_codings() {
+        let te = |v: &str| {
+            status(&format!(
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {v}\r\n\r\n"
+            ))
+        };
+        assert_eq!(te("chunked"), None);
+        assert_eq!(te("Chunked"), None);
+        assert_eq!(te("gzip, chunked"), Some(501));
+        assert_eq!(te("x-custom;q=1 , chunked"), Some(501));
+        assert_eq!(te("chunked, chunked"), Some(400));
+        assert_eq!(
+            status("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Some(400)
+        );
     }
 
     #[test]
