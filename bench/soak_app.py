@@ -8,30 +8,14 @@ WS   /ws      -> echo
 
 import asyncio
 
-TEXT = [(b"content-type", b"text/plain")]
+from bench.apps import TEXT, _lifespan, ws_echo
 
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
-        while True:
-            m = await receive()
-            if m["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        return await _lifespan(receive, send)
     if scope["type"] == "websocket":
-        if (await receive())["type"] != "websocket.connect":
-            return
-        await send({"type": "websocket.accept"})
-        while True:
-            m = await receive()
-            if m["type"] == "websocket.disconnect":
-                return
-            if m.get("text") is not None:
-                await send({"type": "websocket.send", "text": m["text"]})
-            else:
-                await send({"type": "websocket.send", "bytes": m["bytes"]})
+        return await ws_echo(scope, receive, send)
     if scope["method"] == "POST":
         size = 0
         while True:
