@@ -159,6 +159,13 @@ OPTIONS: tuple[Option, ...] = (
         _choice("auto", "on", "off"),
         "lifespan protocol: auto serves apps without it, on requires it",
     ),
+    Option(
+        "tasks",
+        "skirr",
+        _choice("skirr", "asyncio"),
+        "what runs each app call: skirr (Skirr's task, faster) or asyncio (asyncio.Task from"
+        " loop.create_task); a task factory set on the loop always gets asyncio",
+    ),
     Option("lifespan_timeout", 60.0, _seconds, "bound on lifespan startup and shutdown (seconds)"),
     Option("root_path", "", str, "ASGI root_path: the prefix the app is mounted under"),
     Option(

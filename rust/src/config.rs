@@ -38,6 +38,10 @@ pub struct Config {
     pub lifespan: LifespanMode,
     /// Bound on `lifespan.startup` and on `lifespan.shutdown`. Default 60 s.
     pub lifespan_timeout: Duration,
+    /// Run every app call in an `asyncio.Task` made by `loop.create_task()`
+    /// (`tasks = asyncio`) instead of Skirr's own task type. Default false;
+    /// a call that starts while the loop has a task factory always does.
+    pub asyncio_tasks: bool,
     /// Idle keep-alive connections are closed after this. Default 5 s.
     pub keepalive_timeout: Duration,
     /// A client must send a complete request head within this once it has
@@ -167,6 +171,7 @@ impl Default for Config {
             root_path: String::new(),
             lifespan: LifespanMode::Auto,
             lifespan_timeout: Duration::from_secs(60),
+            asyncio_tasks: false,
             keepalive_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(30),
             graceful_timeout: Duration::from_secs(30),
@@ -253,6 +258,18 @@ impl Config {
                     }
                 }
                 "lifespan_timeout" => c.lifespan_timeout = secs(&v, key)?,
+                "tasks" => {
+                    let mode: String = v.extract()?;
+                    c.asyncio_tasks = match mode.as_str() {
+                        "skirr" => false,
+                        "asyncio" => true,
+                        other => {
+                            return Err(PyValueError::new_err(format!(
+                                "option 'tasks' must be skirr or asyncio, got {other:?}"
+                            )))
+                        }
+                    }
+                }
                 "keepalive_timeout" => c.keepalive_timeout = secs(&v, key)?,
                 "header_read_timeout" => c.header_read_timeout = secs(&v, key)?,
                 "graceful_timeout" => c.graceful_timeout = secs(&v, key)?,

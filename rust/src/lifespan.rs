@@ -17,7 +17,7 @@ use crate::bridge::awaitable::ready;
 use crate::bridge::context::{resolve, AppContext};
 use crate::bridge::names::names;
 use crate::bridge::queue::Event;
-use crate::bridge::task::{call_app, Owner, Task};
+use crate::bridge::task::{call_app, Owner};
 use crate::bridge::waiter::Waiter;
 use crate::config::LifespanMode;
 use crate::http::message::{is, message_type};
@@ -195,7 +195,12 @@ pub(crate) fn handle(
                 let send = b.getattr(pyo3::intern!(py, "send"))?;
                 let started = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])
                     .and_then(|coro| {
-                        Task::start(py, ctx, coro, Owner::Lifespan(proto.clone_ref(py)))
+                        crate::bridge::task::start(
+                            py,
+                            ctx,
+                            coro,
+                            Owner::Lifespan(proto.clone_ref(py)),
+                        )
                     });
                 if let Err(e) = started {
                     proto.get().on_error(py, e);

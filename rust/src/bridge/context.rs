@@ -3,7 +3,8 @@
 //! Built once on the Python side when the server is created; read only on
 //! the asyncio thread (every field is a Python object).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -11,7 +12,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
 use crate::bridge::names::names;
-use crate::bridge::task::Task;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
 use crate::server::Shared;
@@ -29,7 +29,10 @@ pub(crate) struct AppContext {
     done: Py<PyAny>,
     /// Tasks that suspended and have not finished, by object address: what
     /// shutdown cancels.
-    pub(crate) tasks: Mutex<HashMap<usize, Py<Task>>>,
+    pub(crate) tasks: Mutex<HashMap<usize, Py<PyAny>>>,
+    /// Set once shutdown cancels the tasks left (see
+    /// [`cancel_all`](crate::bridge::task::cancel_all)).
+    pub(crate) cancelling: AtomicBool,
     /// A prebuilt HTTP scope with every key present: copying it and
     /// replacing values never resizes the dict.
     pub(crate) http_template: Py<PyDict>,
@@ -47,6 +50,9 @@ pub(crate) struct AppContext {
     pub(crate) access_log: Option<Py<PyAny>>,
     /// Reopens log files (SIGUSR1), or `None`.
     pub(crate) reopen_logs: Option<Py<PyAny>>,
+    /// Keys of the warnings already logged once (app locations: bounded by
+    /// the app's code, not by traffic).
+    warned: Mutex<HashSet<String>>,
 }
 
 /// The Python-side arguments of [`AppContext::new`].
@@ -102,6 +108,7 @@ impl AppContext {
             event_loop: p.event_loop.clone_ref(py),
             done: done.unbind(),
             tasks: Mutex::new(HashMap::new()),
+            cancelling: AtomicBool::new(false),
             http_template: t.unbind(),
             ws_template: ws_template.unbind(),
             asgi_lifespan: asgi_lifespan.unbind(),
@@ -110,6 +117,7 @@ impl AppContext {
             error_log: p.error_log,
             access_log: p.access_log,
             reopen_logs: p.reopen_logs,
+            warned: Mutex::new(HashSet::new()),
         })
     }
 
@@ -121,6 +129,24 @@ impl AppContext {
     /// A new [`Waiter`] on the server's loop.
     pub(crate) fn waiter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, Waiter>> {
         Waiter::new(py, &self.event_loop)
+    }
+
+    /// Whether shutdown has cancelled the app's tasks.
+    pub(crate) fn cancelling_all(&self) -> bool {
+        self.cancelling.load(Ordering::Relaxed)
+    }
+
+    /// Whether the loop has a task factory (`loop.get_task_factory()`).
+    pub(crate) fn has_task_factory(&self, py: Python<'_>) -> bool {
+        self.event_loop
+            .bind(py)
+            .call_method0(pyo3::intern!(py, "get_task_factory"))
+            .is_ok_and(|f| !f.is_none())
+    }
+
+    /// Whether a warning with this `key` is new (and now remembered).
+    pub(crate) fn warn_once(&self, key: String) -> bool {
+        self.warned.lock().insert(key)
     }
 
     /// Logs `msg` at ERROR, with the traceback of `err` when given.

@@ -16,6 +16,7 @@
 //! awaitables handed to applications live in [`awaitable`], and the wrapper
 //! that runs an application coroutine inside an asyncio Task in [`task`].
 
+pub(crate) mod app_call;
 pub(crate) mod awaitable;
 pub(crate) mod context;
 pub(crate) mod names;

@@ -57,13 +57,13 @@ pub(crate) enum Owner {
 }
 
 impl Owner {
-    fn on_suspend(&self, py: Python<'_>) {
+    pub(crate) fn on_suspend(&self, py: Python<'_>) {
         if let Owner::Http(p) = self {
             p.get().on_suspend(py);
         }
     }
 
-    fn on_return(&self, py: Python<'_>) {
+    pub(crate) fn on_return(&self, py: Python<'_>) {
         match self {
             Owner::Http(p) => p.get().on_return(py),
             Owner::WebSocket(p) => p.get().on_return(py),
@@ -71,7 +71,7 @@ impl Owner {
         }
     }
 
-    fn on_error(&self, py: Python<'_>, err: PyErr) {
+    pub(crate) fn on_error(&self, py: Python<'_>, err: PyErr) {
         match self {
             Owner::Http(p) => p.get().on_error(py, err),
             Owner::WebSocket(p) => p.get().on_error(py, err),
@@ -81,7 +81,7 @@ impl Owner {
 
     /// The task was cancelled (at shutdown, or by the app itself): not an
     /// application error, so no traceback at ERROR level.
-    fn on_cancel(&self, py: Python<'_>) {
+    pub(crate) fn on_cancel(&self, py: Python<'_>) {
         match self {
             Owner::Http(p) => p.get().on_cancel(py),
             Owner::WebSocket(p) => p.get().on_cancel(py),
@@ -89,7 +89,7 @@ impl Owner {
         }
     }
 
-    fn as_any(&self) -> &Py<PyAny> {
+    pub(crate) fn as_any(&self) -> &Py<PyAny> {
         match self {
             Owner::Http(p) => p.as_any(),
             Owner::WebSocket(p) => p.as_any(),
@@ -102,6 +102,8 @@ impl Owner {
 pub(crate) struct Asyncio {
     enter_task: Py<PyAny>,
     leave_task: Py<PyAny>,
+    register_task: Py<PyAny>,
+    unregister_task: Py<PyAny>,
     pub(crate) cancelled_error: Py<PyAny>,
     pub(crate) invalid_state: Py<PyAny>,
 }
@@ -115,6 +117,8 @@ pub(crate) fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
         Ok(Asyncio {
             enter_task: tasks.getattr("_enter_task")?.unbind(),
             leave_task: tasks.getattr("_leave_task")?.unbind(),
+            register_task: tasks.getattr("_register_task")?.unbind(),
+            unregister_task: tasks.getattr("_unregister_task")?.unbind(),
             cancelled_error: exc.getattr("CancelledError")?.unbind(),
             invalid_state: exc.getattr("InvalidStateError")?.unbind(),
         })
@@ -306,9 +310,13 @@ impl Task {
             }
             Step::Raised(err) => {
                 let cancelled = err.is_instance(py, asyncio(py)?.cancelled_error.bind(py));
-                if cancelled {
+                let by_server = this.ctx.cancelling_all();
+                if cancelled && (by_server || matches!(this.owner, Owner::Lifespan(_))) {
                     this.owner.on_cancel(py);
                 } else {
+                    // A CancelledError escaping the app that the server did
+                    // not cause (another task cancelled the handler) is an
+                    // application error, logged as uvicorn logs it.
                     this.owner.on_error(py, err);
                 }
                 Task::finish(slf, cancelled)
@@ -447,6 +455,7 @@ impl Task {
         };
         if registered {
             this.ctx.tasks.lock().remove(&(slf.as_ptr() as usize));
+            let _ = asyncio(py)?.unregister_task.bind(py).call1((slf,));
         }
         for (cb, context) in callbacks {
             let kwargs = PyDict::new(py);
@@ -470,7 +479,15 @@ impl Task {
             self.ctx
                 .tasks
                 .lock()
-                .insert(slf.as_ptr() as usize, slf.clone().unbind());
+                .insert(slf.as_ptr() as usize, slf.clone().into_any().unbind());
+            // `asyncio.all_tasks()` lists it (the hook CPython keeps for
+            // third-party task types); only tasks that suspend pay for it.
+            if let Ok(aio) = asyncio(slf.py()) {
+                if let Err(e) = aio.register_task.bind(slf.py()).call1((slf,)) {
+                    self.ctx
+                        .log_error(slf.py(), "asyncio _register_task failed", Some(&e));
+                }
+            }
         }
     }
 }
@@ -740,12 +757,32 @@ pub(crate) fn call_app<'py>(
     app.call1(PyTuple::new(py, args)?)
 }
 
-/// Cancels every suspended task (at shutdown); returns how many.
+/// Cancels every suspended task (at shutdown); returns how many. From now
+/// on a `CancelledError` ending an app call is the server's doing, not an
+/// application error.
 pub(crate) fn cancel_all(py: Python<'_>, ctx: &AppContext) -> usize {
-    let tasks: Vec<Py<Task>> = ctx.tasks.lock().values().map(|t| t.clone_ref(py)).collect();
+    ctx.cancelling
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let tasks: Vec<Py<PyAny>> = ctx.tasks.lock().values().map(|t| t.clone_ref(py)).collect();
     let n = tasks.len();
     for t in tasks {
-        let _ = t.get().cancel(py, None);
+        let _ = t.bind(py).call_method0(pyo3::intern!(py, "cancel"));
     }
     n
+}
+
+/// Starts an app call: in Skirr's [`Task`], or in an `asyncio.Task` (see
+/// [`AppCall`](crate::bridge::app_call::AppCall)) under `tasks = asyncio`
+/// or while the loop has a task factory (Sentry, OpenTelemetry, aiomonitor
+/// set one to see every task).
+pub(crate) fn start(
+    py: Python<'_>,
+    ctx: &Arc<AppContext>,
+    coro: Bound<'_, PyAny>,
+    owner: Owner,
+) -> PyResult<()> {
+    if ctx.shared.config.asyncio_tasks || ctx.has_task_factory(py) {
+        return crate::bridge::app_call::AppCall::start(py, ctx, coro, owner);
+    }
+    Task::start(py, ctx, coro, owner)
 }

@@ -81,7 +81,7 @@ impl StreamBody {
 
 impl Drop for StreamBody {
     fn drop(&mut self) {
-        if !self.finished {
+        if !self.finished && !self.exch.wire_complete() {
             // hyper dropped the body before its end: the client is gone.
             self.exch.mark_gone(&self.conn.shared);
         }

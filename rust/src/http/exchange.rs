@@ -94,8 +94,11 @@ pub(crate) struct ExchState {
     pub(crate) body_end: bool,
     /// The app has called `receive()`: gates `100 Continue`.
     pub(crate) body_wanted: bool,
-    /// asyncio future of a `receive()` waiting for data or a disconnect.
-    pub(crate) recv_waiter: Option<Py<Waiter>>,
+    /// asyncio futures of `receive()` calls waiting for data or a
+    /// disconnect, oldest first (several tasks may receive at once, as
+    /// under uvicorn: sse-starlette listens for the disconnect while the
+    /// handler polls).
+    pub(crate) recv_waiters: VecDeque<Py<Waiter>>,
     /// The final `http.request` (`more_body` false) was delivered.
     pub(crate) request_complete: bool,
     // ---- lifecycle
@@ -199,6 +202,14 @@ impl Exchange {
         Poll::Pending
     }
 
+    /// Every byte of the response was handed to hyper: a body hyper drops
+    /// now (it stops polling once a `Content-Length` is reached) was
+    /// written whole, not cut off by the client.
+    pub(crate) fn wire_complete(&self) -> bool {
+        let st = self.st.lock();
+        st.out_end && st.out.is_empty() && !st.out_abort
+    }
+
     /// Whether the Tokio side should read more request body now.
     pub(crate) fn wants_body(&self, shared: &Shared, expect_continue: bool) -> bool {
         let st = self.st.lock();
@@ -232,7 +243,7 @@ impl Exchange {
         if !data.is_empty() {
             st.body.push_back(data);
         }
-        let wake = st.recv_waiter.is_some();
+        let wake = !st.recv_waiters.is_empty();
         drop(st);
         if wake {
             self.needs_python(shared);
@@ -243,7 +254,7 @@ impl Exchange {
     pub(crate) fn end_body(self: &Arc<Self>, shared: &Shared) {
         let mut st = self.st.lock();
         st.body_end = true;
-        let wake = st.recv_waiter.is_some();
+        let wake = !st.recv_waiters.is_empty();
         drop(st);
         if wake {
             self.needs_python(shared);
@@ -259,7 +270,7 @@ impl Exchange {
         }
         st.gone = true;
         st.body_end = true;
-        let wake = st.recv_waiter.is_some() || !st.send_waiters.is_empty();
+        let wake = !st.recv_waiters.is_empty() || !st.send_waiters.is_empty();
         drop(st);
         if wake {
             self.needs_python(shared);

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -31,6 +32,10 @@ enum Phase {
     Held,
     /// Head handed to hyper; body chunks are streaming.
     Streaming,
+    /// Every byte of the declared `Content-Length` was sent with
+    /// `more_body` still true (file responses end with an empty final
+    /// chunk): the wire is complete, the app's final message is awaited.
+    WireDone,
     /// Final body sent (or a 500 produced).
     Done,
 }
@@ -117,17 +122,22 @@ fn next_message<'py>(
 pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
     let shared = &ctx.shared;
     let mut ex = exch.lock();
-    let mut recv = None;
-    if let Some(w) = ex.recv_waiter.take() {
-        if !is_done(w.bind(py)) {
-            match next_message(py, exch, &mut ex, shared) {
-                Ok(Some(msg)) => recv = Some((w, msg)),
-                Ok(None) => ex.recv_waiter = Some(w),
-                Err(e) => {
-                    drop(ex);
-                    ctx.log_error(py, "could not build an http.request message", Some(&e));
-                    return;
-                }
+    // Oldest waiter first; a disconnect reaches every one of them.
+    let mut recv = Vec::new();
+    while let Some(w) = ex.recv_waiters.pop_front() {
+        if is_done(w.bind(py)) {
+            continue;
+        }
+        match next_message(py, exch, &mut ex, shared) {
+            Ok(Some(msg)) => recv.push((w, msg)),
+            Ok(None) => {
+                ex.recv_waiters.push_front(w);
+                break;
+            }
+            Err(e) => {
+                drop(ex);
+                ctx.log_error(py, "could not build an http.request message", Some(&e));
+                return;
             }
         }
     }
@@ -137,7 +147,7 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
         send = std::mem::take(&mut ex.send_waiters);
     }
     drop(ex);
-    if let Some((w, msg)) = recv {
+    for (w, msg) in recv {
         resolve(w.bind(py), msg);
     }
     for w in send {
@@ -178,12 +188,12 @@ impl HttpProtocol {
     /// The response is complete from the app's side.
     fn finish(&self, py: Python<'_>, st: &mut ProtoState) {
         st.phase = Phase::Done;
-        let waiter = {
+        let waiters = {
             let mut ex = self.exch.lock();
             ex.responded = true;
-            ex.recv_waiter.take()
+            std::mem::take(&mut ex.recv_waiters)
         };
-        if let Some(w) = waiter {
+        for w in waiters {
             if let Ok(msg) = disconnect_message(py) {
                 resolve(w.bind(py), msg);
             }
@@ -225,6 +235,8 @@ impl HttpProtocol {
                 st.phase = Phase::Done;
                 self.exch.lock().responded = true;
             }
+            // The client has the whole response already.
+            Phase::WireDone => self.finish(py, st),
             Phase::Done => {}
         }
     }
@@ -266,6 +278,24 @@ impl HttpProtocol {
         self.ctx.done(py)
     }
 
+    /// A body on a 1xx/204/304 response is dropped, as every peer does
+    /// (RFC 9110 §15.3.5, §15.4.5): warned once per status and app
+    /// location (the frame that called `send()`).
+    fn warn_dropped_body(&self, py: Python<'_>, status: u16, len: usize) {
+        let location = caller_location(py);
+        if !self.ctx.warn_once(format!("{status} {location}")) {
+            return;
+        }
+        self.ctx.log(
+            py,
+            30,
+            &format!(
+                "a {status} response cannot have a body: the {len} bytes sent at {location} \
+                 were dropped (RFC 9110 §15; warned once per location)"
+            ),
+        );
+    }
+
     /// The app suspended: flush a held start so headers are not delayed by
     /// an app that waits before its first body chunk.
     pub(crate) fn on_suspend(&self, _py: Python<'_>) {
@@ -296,6 +326,10 @@ impl HttpProtocol {
         if st.phase != Phase::Done {
             let msg = if st.phase == Phase::Initial {
                 "ASGI callable returned without starting response"
+            } else if st.phase == Phase::WireDone {
+                // As uvicorn: the client has it all, the app never said so.
+                "ASGI callable returned without completing response \
+                 (no final http.response.body with more_body=False)"
             } else {
                 "ASGI callable returned without completing response"
             };
@@ -335,6 +369,27 @@ impl HttpProtocol {
     }
 }
 
+/// `file:line` of the Python frame running now (the caller of `send()`).
+fn caller_location(py: Python<'_>) -> String {
+    // SAFETY: attached; returns a borrowed frame or NULL.
+    let frame = unsafe { ffi::PyEval_GetFrame() };
+    if frame.is_null() {
+        return "an unknown location".into();
+    }
+    // SAFETY: a non-NULL borrowed frame, alive while this thread runs it.
+    let frame = unsafe { Bound::from_borrowed_ptr(py, frame.cast()) };
+    let file = frame
+        .getattr(intern!(py, "f_code"))
+        .and_then(|c| c.getattr(intern!(py, "co_filename")))
+        .map(|f| f.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let line = frame
+        .getattr(intern!(py, "f_lineno"))
+        .map(|l| l.to_string())
+        .unwrap_or_else(|_| "?".into());
+    format!("{file}:{line}")
+}
+
 /// Whether `err` is `ClientDisconnected` or was raised while handling one
 /// (its `__cause__`/`__context__` chain, a few links deep).
 fn caused_by_disconnect(py: Python<'_>, err: &PyErr) -> bool {
@@ -360,7 +415,8 @@ impl HttpProtocol {
     /// `await receive()`: the next `http.request` chunk, or
     /// `http.disconnect` once the client is gone or the response was sent.
     ///
-    /// Raises `RuntimeError` if another `receive()` is still pending.
+    /// Several calls may wait at once (as under uvicorn): each message goes
+    /// to the oldest waiter, a disconnect to all of them.
     fn receive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let mut ex = self.exch.lock();
         if !ex.body_wanted {
@@ -368,18 +424,18 @@ impl HttpProtocol {
             // Lets the Tokio side start reading (and send `100 Continue`).
             self.exch.resume_body(&mut ex, &self.ctx.shared);
         }
-        if let Some(msg) = next_message(py, &self.exch, &mut ex, &self.ctx.shared)? {
-            return ready(py, msg);
+        // Cancelled waiters (Starlette's `is_disconnected()` polls in a
+        // cancelled scope) are dropped; live ones keep their turn.
+        while ex.recv_waiters.front().is_some_and(|w| is_done(w.bind(py))) {
+            ex.recv_waiters.pop_front();
         }
-        if let Some(w) = &ex.recv_waiter {
-            if !is_done(w.bind(py)) {
-                return Err(PyRuntimeError::new_err(
-                    "receive() called while a previous receive() is still pending",
-                ));
+        if ex.recv_waiters.is_empty() {
+            if let Some(msg) = next_message(py, &self.exch, &mut ex, &self.ctx.shared)? {
+                return ready(py, msg);
             }
         }
         let fut = self.ctx.waiter(py)?;
-        ex.recv_waiter = Some(fut.clone().unbind());
+        ex.recv_waiters.push_back(fut.clone().unbind());
         Ok(fut.into_any())
     }
 
@@ -415,6 +471,12 @@ impl HttpProtocol {
                     PyRuntimeError::new_err(format!("http.response.start has an {reason}"))
                 })?;
                 st.no_body = !status_allows_body(status);
+                let mut headers = headers;
+                if st.no_body && status != StatusCode::NOT_MODIFIED {
+                    // RFC 9110 §8.6: never on 1xx or 204 (a 304 may carry
+                    // the length of the representation it stands for).
+                    headers.remove(http::header::CONTENT_LENGTH);
+                }
                 st.declared = if self.head || st.no_body {
                     None
                 } else {
@@ -444,20 +506,18 @@ impl HttpProtocol {
                             "the response is already complete"
                         }));
                     }
-                    Phase::Held | Phase::Streaming => {}
+                    Phase::Held | Phase::Streaming | Phase::WireDone => {}
                 }
                 if self.exch.lock().gone {
                     st.phase = Phase::Done;
                     return Err(ClientDisconnected::new_err("the client disconnected"));
                 }
-                let total = st.sent + body.len() as u64;
+                let mut body = body;
                 if st.no_body && !body.is_empty() && !self.head {
-                    return Err(PyRuntimeError::new_err(format!(
-                        "a {} response cannot have a body ({} bytes sent)",
-                        st.status,
-                        body.len()
-                    )));
+                    self.warn_dropped_body(py, st.status, body.len());
+                    body = Bytes::new();
                 }
+                let total = st.sent + body.len() as u64;
                 if let Some(declared) = st.declared {
                     if total > declared {
                         // Refused before anything is queued: the wire never
@@ -472,9 +532,19 @@ impl HttpProtocol {
                     }
                 }
                 st.sent = total;
+                if st.phase == Phase::WireDone {
+                    if !more_body {
+                        self.finish(py, &mut st);
+                    }
+                    return self.ctx.done(py);
+                }
+                // The chunk that reaches the declared length ends the wire
+                // message even while `more_body` is true: hyper stops
+                // polling the body there.
+                let wire_end = !more_body || st.declared == Some(total);
                 if st.phase == Phase::Held {
                     let (status, headers) = st.held.take().unwrap_or_default();
-                    if !more_body {
+                    if wire_end {
                         self.exch.respond(
                             ResponseHead {
                                 status,
@@ -483,7 +553,11 @@ impl HttpProtocol {
                             },
                             shared,
                         );
-                        self.finish(py, &mut st);
+                        if more_body {
+                            st.phase = Phase::WireDone;
+                        } else {
+                            self.finish(py, &mut st);
+                        }
                         return self.ctx.done(py);
                     }
                     st.phase = Phase::Streaming;
@@ -495,6 +569,11 @@ impl HttpProtocol {
                         },
                         shared,
                     );
+                }
+                if more_body && wire_end {
+                    self.exch.push_out(body, true, shared);
+                    st.phase = Phase::WireDone;
+                    return self.ctx.done(py);
                 }
                 let full = self.exch.push_out(body, !more_body, shared);
                 if !more_body {

@@ -1,0 +1,271 @@
+//! The faithful task path: the app's coroutine runs in a real
+//! `asyncio.Task` made by `loop.create_task()` (so a task factory set with
+//! `loop.set_task_factory()` is honoured, `asyncio.current_task()` is an
+//! `asyncio.Task`, `asyncio.all_tasks()` lists it), wrapped in an
+//! [`AppCall`] that tells the server what the coroutine does.
+//!
+//! [`AppCall`] is a coroutine (it has `send`, `throw`, `close` and
+//! `__await__`, so `asyncio.iscoroutine()` accepts it and a task factory may
+//! `await` it). Each step is forwarded to the app's coroutine and observed
+//! as [`Task`](crate::bridge::task::Task) observes it: a suspension flushes
+//! a held response start, a return lets the owner check the response, an
+//! exception is logged and answered by the owner and does not escape (as
+//! under uvicorn, whose `run_asgi` catches everything), and a
+//! `CancelledError` is re-raised so the task ends cancelled.
+//!
+//! Selected by `--tasks asyncio`, or for a request that starts while the
+//! loop has a task factory (see [`crate::bridge::task::start`]).
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::exceptions::PyStopIteration;
+use pyo3::ffi;
+use pyo3::gc::PyVisit;
+use pyo3::prelude::*;
+use pyo3::PyTraverseError;
+
+use crate::bridge::context::AppContext;
+use crate::bridge::slots::AwaitStep;
+use crate::bridge::task::{asyncio, Owner};
+
+/// The app's coroutine as the asyncio task sees it. See the module docs.
+#[pyclass(frozen, module = "skirr._skirr", name = "AppCall")]
+pub(crate) struct AppCall {
+    coro: Py<PyAny>,
+    owner: Owner,
+    ctx: Arc<AppContext>,
+    /// The asyncio task running it (for shutdown's cancellation registry).
+    task: Mutex<Option<Py<PyAny>>>,
+    finished: Mutex<bool>,
+}
+
+impl AppCall {
+    /// Creates the task for `coro` with `loop.create_task()`.
+    ///
+    /// Errors: whatever `create_task` (or the app's task factory) raises.
+    pub(crate) fn start(
+        py: Python<'_>,
+        ctx: &Arc<AppContext>,
+        coro: Bound<'_, PyAny>,
+        owner: Owner,
+    ) -> PyResult<()> {
+        let call = Bound::new(
+            py,
+            AppCall {
+                coro: coro.unbind(),
+                owner,
+                ctx: Arc::clone(ctx),
+                task: Mutex::new(None),
+                finished: Mutex::new(false),
+            },
+        )?;
+        let task = ctx
+            .event_loop
+            .bind(py)
+            .call_method1(pyo3::intern!(py, "create_task"), (&call,))?;
+        let key = call.as_ptr() as usize;
+        if !*call.get().finished.lock() {
+            // An eager task factory may have run it to the end already.
+            ctx.tasks.lock().insert(key, task.clone().unbind());
+            *call.get().task.lock() = Some(task.unbind());
+        }
+        Ok(())
+    }
+
+    /// Forwards one step (`value` sent, or `exc` thrown) to the app's
+    /// coroutine and observes the outcome.
+    pub(crate) fn drive(
+        slf: &Bound<'_, AppCall>,
+        value: Option<&Bound<'_, PyAny>>,
+        exc: Option<Bound<'_, PyAny>>,
+    ) -> AwaitStep {
+        let py = slf.py();
+        let this = slf.get();
+        let coro = this.coro.bind(py);
+        let outcome = match exc {
+            None => {
+                let none = py.None();
+                let arg = value.map_or(none.as_ptr(), |v| v.as_ptr());
+                let mut result: *mut ffi::PyObject = std::ptr::null_mut();
+                // SAFETY: attached; `coro` is a live object; `result`
+                // receives a new reference or NULL with an error set.
+                let status = unsafe { ffi::PyIter_Send(coro.as_ptr(), arg, &mut result) };
+                match status {
+                    // SAFETY: PYGEN_NEXT gives a new, non-NULL reference.
+                    ffi::PySendResult::PYGEN_NEXT => {
+                        Ok(Some(unsafe { Bound::from_owned_ptr(py, result) }))
+                    }
+                    ffi::PySendResult::PYGEN_RETURN => {
+                        if !result.is_null() {
+                            // SAFETY: the return value is a new reference.
+                            drop(unsafe { Bound::from_owned_ptr(py, result) });
+                        }
+                        Ok(None)
+                    }
+                    ffi::PySendResult::PYGEN_ERROR => Err(PyErr::fetch(py)),
+                }
+            }
+            Some(e) => match coro.call_method1(pyo3::intern!(py, "throw"), (e,)) {
+                Ok(v) => Ok(Some(v)),
+                Err(e) if e.is_instance_of::<PyStopIteration>(py) => Ok(None),
+                Err(e) => Err(e),
+            },
+        };
+        match outcome {
+            Ok(Some(yielded)) => {
+                this.owner.on_suspend(py);
+                AwaitStep::Yield(yielded.unbind())
+            }
+            Ok(None) => {
+                this.end(slf);
+                this.owner.on_return(py);
+                AwaitStep::Return(None)
+            }
+            Err(err) => {
+                this.end(slf);
+                let cancelled = asyncio(py)
+                    .map(|a| err.is_instance(py, a.cancelled_error.bind(py)))
+                    .unwrap_or(false);
+                let by_server = this.ctx.cancelling_all();
+                if cancelled && (by_server || matches!(this.owner, Owner::Lifespan(_))) {
+                    this.owner.on_cancel(py);
+                    // The task ends cancelled, as asyncio expects.
+                    return AwaitStep::Raise(err);
+                }
+                let reraise = cancelled.then(|| err.clone_ref(py));
+                this.owner.on_error(py, err);
+                match reraise {
+                    Some(e) => AwaitStep::Raise(e),
+                    None => AwaitStep::Return(None),
+                }
+            }
+        }
+    }
+
+    fn end(&self, slf: &Bound<'_, AppCall>) {
+        *self.finished.lock() = true;
+        if self.task.lock().take().is_some() {
+            self.ctx.tasks.lock().remove(&(slf.as_ptr() as usize));
+        }
+    }
+}
+
+fn into_result(py: Python<'_>, step: AwaitStep) -> PyResult<Py<PyAny>> {
+    match step {
+        AwaitStep::Yield(v) => Ok(v),
+        AwaitStep::Return(v) => Err(PyStopIteration::new_err(
+            v.unwrap_or_else(|| py.None()).into_any(),
+        )),
+        AwaitStep::Raise(e) => Err(e),
+    }
+}
+
+#[pymethods]
+impl AppCall {
+    /// `coroutine.send(value)`.
+    fn send(slf: &Bound<'_, Self>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        into_result(slf.py(), AppCall::drive(slf, Some(value), None))
+    }
+
+    /// `coroutine.throw(exc)` (the one-argument form asyncio uses; the
+    /// legacy `(type, value, traceback)` form builds the exception).
+    #[pyo3(signature = (typ, val=None, _tb=None))]
+    fn throw(
+        slf: &Bound<'_, Self>,
+        typ: Bound<'_, PyAny>,
+        val: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let exc = match val {
+            Some(v) if !v.is_none() => v,
+            _ if typ.is_instance_of::<pyo3::types::PyType>() => typ.call0()?,
+            _ => typ,
+        };
+        into_result(slf.py(), AppCall::drive(slf, None, Some(exc)))
+    }
+
+    /// `coroutine.close()`.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.coro
+            .bind(py)
+            .call_method0(pyo3::intern!(py, "close"))?;
+        Ok(())
+    }
+
+    fn __await__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        into_result(slf.py(), AppCall::drive(slf, None, None))
+    }
+
+    /// The app coroutine's name, for task reprs and instrumentation.
+    #[getter(__name__)]
+    fn name(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.coro.bind(py).getattr("__name__")?.unbind())
+    }
+
+    #[getter(__qualname__)]
+    fn qualname(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.coro.bind(py).getattr("__qualname__")?.unbind())
+    }
+
+    /// The app's own coroutine frame (`Task.get_stack` and debuggers).
+    #[getter]
+    fn cr_frame(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.coro
+            .bind(py)
+            .getattr("cr_frame")
+            .ok()
+            .map(Bound::unbind)
+    }
+
+    #[getter]
+    fn cr_running(&self, py: Python<'_>) -> bool {
+        self.coro
+            .bind(py)
+            .getattr("cr_running")
+            .and_then(|v| v.is_truthy())
+            .unwrap_or(false)
+    }
+
+    #[getter]
+    fn cr_await(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.coro
+            .bind(py)
+            .getattr("cr_await")
+            .ok()
+            .map(Bound::unbind)
+    }
+
+    #[getter]
+    fn cr_code(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.coro
+            .bind(py)
+            .getattr("cr_code")
+            .ok()
+            .map(Bound::unbind)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "<skirr AppCall {}>",
+            self.coro
+                .bind(py)
+                .repr()
+                .map(|r| r.to_string())
+                .unwrap_or_default()
+        )
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.coro)?;
+        visit.call(self.owner.as_any())?;
+        if let Some(t) = &*self.task.lock() {
+            visit.call(t)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,146 @@
+"""An app behaves as under uvicorn: responses complete for the app, several
+receive() calls may wait at once, bodiless statuses drop the body, errors
+are logged as uvicorn logs them."""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+
+import pytest
+from harness import PY, RawConn, listening_socket, request, skirr, start, wait_until
+
+# SKIRR_REFERENCE=uvicorn runs the wire-level checks against uvicorn, the
+# reference these tests were written against (log wording is Skirr's own).
+REFERENCE = os.environ.get("SKIRR_REFERENCE") == "uvicorn"
+
+
+@contextmanager
+def uvicorn(app: str, env: dict | None = None):
+    sock = listening_socket()
+    cmd = [PY, "-m", "uvicorn", app, "--fd", str(sock.fileno()), "--no-access-log"]
+    s = start(cmd, sock=sock, port=sock.getsockname()[1], uds=None, env=env)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with (uvicorn if REFERENCE else skirr)("apps.fidelity_app:app", *([] if REFERENCE else ["--no-access-log"])) as s:
+        yield s
+
+
+def skirr_logs(server) -> str | None:
+    return None if REFERENCE else server.logs()
+
+
+def seen(server, rid: str) -> dict:
+    return json.loads(request(server.port, "GET", f"/seen?id={rid}").body)
+
+
+@pytest.mark.parametrize(
+    "size,chunk",
+    [
+        (256 * 1024, 65536),  # a multiple of the send buffer
+        (1024 * 1024, 65536),
+        (300 * 1024, 300 * 1024),  # one chunk larger than the send buffer
+        (1_000_001, 65536),
+        (10, 10),
+    ],
+)
+def test_content_length_response_completes_for_the_app(server, size, chunk):
+    rid = f"file-{size}-{chunk}"
+    with RawConn(server.port) as c:
+        c.send(f"GET /file?id={rid}&size={size}&chunk={chunk} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        r = c.read_response()
+        assert r.status == 200 and len(r.body) == size
+        # The connection stays usable.
+        c.send(f"GET /seen?id={rid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        got = json.loads(c.read_response().body)
+    assert got == {"completed": True}
+
+
+def test_a_second_receive_may_wait_while_one_is_pending(server):
+    r = request(server.port, "GET", "/two-receivers?id=two")
+    assert r.body == b"first\nlast\n"
+    got = wait_until(lambda: seen(server, "two").get("listener_got") and seen(server, "two"))
+    assert "error" not in got, got
+    assert got["poll_done"] is False
+    assert got["listener_done"] is False
+    assert got["listener_got"] == ["http.disconnect"]
+
+
+@pytest.mark.parametrize("status", [204, 304])
+def test_a_body_on_a_bodiless_status_is_dropped(server, status):
+    # RFC 9110 §15.3.5, §15.4.5, §8.6 (uvicorn sends Content-Length: 4 on
+    # the 204, and the body after the 304 head).
+    if REFERENCE:
+        pytest.skip("uvicorn breaks RFC 9110 here")
+    rid = f"nobody-{status}"
+    with RawConn(server.port) as c:
+        c.send(f"GET /no-body-status?id={rid}&status={status} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        head = c.read_until(b"\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
+        if status == 204:
+            assert b"content-length" not in head.lower()
+        assert b"transfer-encoding" not in head.lower()
+        # Nothing follows the head: the next response is the next request's.
+        c.send(f"GET /seen?id={rid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        r = c.read_response()
+        assert r.status == 200, r
+        assert json.loads(r.body) == {"completed": True}
+    if not REFERENCE:
+        assert f"a {status} response" in server.logs() and "dropped" in server.logs()
+
+
+def test_a_bodiless_status_warns_once_per_app_location(server):
+    for _ in range(3):
+        assert request(server.port, "GET", "/no-body-status?id=w&status=204").status == 204
+    if not REFERENCE:
+        assert server.logs().count("a 204 response cannot have a body") == 1
+
+
+def test_a_cancelled_handler_is_logged_as_an_error(server):
+    r = request(server.port, "GET", "/cancelled?id=c")
+    assert r.status == 500
+    logs = wait_until(lambda: "CancelledError" in server.logs() and server.logs())
+    assert "Exception in ASGI application" in logs
+
+
+def task_facts(port) -> dict:
+    return json.loads(request(port, "GET", "/task-facts").body)
+
+
+def test_running_app_calls_are_listed_by_all_tasks(server):
+    facts = task_facts(server.port)
+    assert facts["in_all_tasks"] is True
+    # Skirr's own task type by default (README, "Tasks"): not an asyncio.Task.
+    assert facts["is_task"] is REFERENCE
+
+
+@pytest.mark.skipif(REFERENCE, reason="Skirr option")
+def test_tasks_asyncio_runs_app_calls_in_asyncio_tasks():
+    with skirr("apps.fidelity_app:app", "--no-access-log", "--tasks", "asyncio") as s:
+        facts = task_facts(s.port)
+        assert facts["is_task"] is True and facts["in_all_tasks"] is True
+        # Everything else behaves the same on this path.
+        r = request(s.port, "GET", "/file?id=f&size=262144")
+        assert len(r.body) == 262144
+        assert request(s.port, "GET", "/two-receivers?id=two").body == b"first\nlast\n"
+        assert request(s.port, "GET", "/cancelled?id=c").status == 500
+        wait_until(lambda: "CancelledError" in s.logs())
+
+
+def test_a_task_factory_set_in_lifespan_is_used_for_requests():
+    env = {"FIDELITY_TASK_FACTORY": "1"}
+    ctx = uvicorn("apps.fidelity_app:app", env=env) if REFERENCE else skirr(
+        "apps.fidelity_app:app", "--no-access-log", env=env
+    )
+    with ctx as s:
+        first = task_facts(s.port)
+        second = task_facts(s.port)
+        assert first["is_task"] is True and first["in_all_tasks"] is True
+        assert second["factory_calls"] > first["factory_calls"] >= 1
