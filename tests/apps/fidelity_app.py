@@ -135,8 +135,18 @@ async def app(scope, receive, send):
             elif msg["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-    q = _qs(scope)
     path = scope["path"]
+    if path == "/post":
+        size = 0
+        while True:
+            msg = await receive()
+            size += len(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(str(size)))]})
+        await send({"type": "http.response.body", "body": str(size).encode()})
+        return
+    q = _qs(scope)
     if path == "/seen":
         return await _json(send, SEEN.get(q.get("id", ""), {}))
     rec = SEEN.setdefault(q.get("id", path), {})

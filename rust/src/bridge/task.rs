@@ -706,6 +706,39 @@ impl Task {
         self.coro.clone_ref(py)
     }
 
+    /// `[(callback, context)]`, as `asyncio.Future._callbacks` (anyio's
+    /// `find_root_task` reads it from every task in `all_tasks()`).
+    #[getter]
+    fn _callbacks(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let st = self.st.lock();
+        let items = st
+            .callbacks
+            .iter()
+            .map(|(cb, c)| {
+                let c = c.as_ref().map_or_else(|| py.None(), |c| c.clone_ref(py));
+                PyTuple::new(py, [cb.clone_ref(py), c])
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(pyo3::types::PyList::new(py, items)?.into_any().unbind())
+    }
+
+    /// `"PENDING"`, `"CANCELLED"` or `"FINISHED"`, as `asyncio.Future._state`.
+    #[getter]
+    fn _state(&self) -> &'static str {
+        let st = self.st.lock();
+        match (st.done, st.cancelled) {
+            (false, _) => "PENDING",
+            (true, true) => "CANCELLED",
+            (true, false) => "FINISHED",
+        }
+    }
+
+    /// Where the task was created (`asyncio` debug mode only; never here).
+    #[getter]
+    fn _source_traceback(&self, py: Python<'_>) -> Py<PyAny> {
+        py.None()
+    }
+
     fn __repr__(&self, py: Python<'_>) -> String {
         let coro = self
             .coro

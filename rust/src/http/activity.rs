@@ -141,6 +141,12 @@ impl Activity {
         !self.served.load(Ordering::Relaxed) && !self.busy.load(Ordering::Relaxed)
     }
 
+    /// A request is being served (its head parsed, its response not yet
+    /// fully written).
+    pub(crate) fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
     /// Whether the request body is awaited from the client right now.
     pub(crate) fn body_wait(&self, waiting: bool) {
         if self.awaiting_body.load(Ordering::Relaxed) != waiting {

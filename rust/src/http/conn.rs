@@ -40,6 +40,29 @@ use crate::websocket::shared::WsShared;
 /// An idle keep-alive connection is parked after this long.
 pub(crate) const PARK_AFTER: Duration = Duration::from_millis(250);
 
+/// How long a draining worker keeps an idle keep-alive connection open for
+/// a request its client may already have sent (capped by the keep-alive
+/// timeout). A request that arrives is served with `Connection: close`;
+/// a connection still idle after this is closed. Clients sending back to
+/// back get their close in a response and lose nothing, POSTs included;
+/// only a client that sends its first request after a silence of this
+/// long, in the very moment of the close, can still race it.
+pub(crate) const DRAIN_IDLE: Duration = Duration::from_millis(1000);
+
+/// When a draining connection left idle is closed ([`clock_ms`] time).
+fn drain_deadline(ctx: &ConnCtx, since: u64) -> u64 {
+    since
+        + DRAIN_IDLE
+            .min(ctx.shared.config.keepalive_timeout)
+            .as_millis() as u64
+}
+
+/// Whether `at` has come; the coarse clock may lag the timer that fired
+/// for it by its resolution (a few ms).
+fn passed(at: u64) -> bool {
+    clock_ms() + 5 >= at
+}
+
 /// Where a listener is bound, for `scope["server"]`.
 #[derive(Debug, Clone)]
 pub(crate) enum LocalAddr {
@@ -115,12 +138,27 @@ async fn wait_readable<I: Readiness>(
     let mut timer = pin!(tokio::time::sleep_until(deadline_at(next(
         ctx.activity.check(&t)
     )?)));
+    let mut drain_close: Option<u64> = None;
     poll_fn(|cx| {
         member.register(cx.waker());
         match member.order() {
             Order::Serve => {}
             // A new connection's first request is still served.
             Order::Drain if ctx.activity.is_fresh() => {}
+            Order::Drain => {
+                // Bytes already here are a request: served (with close).
+                let at = *drain_close.get_or_insert_with(|| {
+                    let at = drain_deadline(ctx, clock_ms());
+                    timer.as_mut().reset(deadline_at(at));
+                    at
+                });
+                if passed(at) {
+                    if let Poll::Ready(r) = io.poll_readable(cx) {
+                        return Poll::Ready(r.map_err(|_| "read error"));
+                    }
+                    return Poll::Ready(Err("server stop"));
+                }
+            }
             _ => return Poll::Ready(Err("server stop")),
         }
         if let Poll::Ready(r) = io.poll_readable(cx) {
@@ -129,7 +167,9 @@ async fn wait_readable<I: Readiness>(
         if timer.as_mut().poll(cx).is_ready() {
             match next(ctx.activity.check(&t)) {
                 Ok(at) => {
-                    timer.as_mut().reset(deadline_at(at));
+                    timer
+                        .as_mut()
+                        .reset(deadline_at(drain_close.map_or(at, |d| d.min(at))));
                     cx.waker().wake_by_ref();
                 }
                 Err(reason) => return Poll::Ready(Err(reason)),
@@ -234,6 +274,8 @@ where
     let mut draining = false;
     let mut parking = false;
     let mut timer_armed = false;
+    // Drain ordered while idle: close at this time unless a request comes.
+    let mut drain_close: Option<u64> = None;
     poll_fn(|cx| {
         if !registered {
             member.register(cx.waker());
@@ -242,11 +284,33 @@ where
         match member.order() {
             Order::Abort | Order::GoingAway => return Poll::Ready(Stopped::Ended("server stop")),
             // hyper closes a connection with no request in progress at
-            // once; a new connection waits until its first request has
-            // started (its task is woken again when the app responds).
+            // once, and ends one in progress after its response, which then
+            // says `Connection: close`. So it is told only once a request
+            // is in progress, or once an idle connection's drain window
+            // (`DRAIN_IDLE`) has passed with nothing arriving. A new
+            // connection waits until its first request has started.
             Order::Drain if !draining && !ctx.activity.is_fresh() => {
-                draining = true;
-                Pin::new(&mut *conn).graceful_shutdown();
+                if ctx.activity.is_busy() {
+                    draining = true;
+                    Pin::new(&mut *conn).graceful_shutdown();
+                } else {
+                    let at = match drain_close {
+                        Some(at) => at,
+                        None => {
+                            let at = drain_deadline(ctx, clock_ms());
+                            drain_close = Some(at);
+                            timer.as_mut().reset(deadline_at(at));
+                            timer_armed = true;
+                            // Registers the timer's wake-up.
+                            let _ = timer.as_mut().poll(cx);
+                            at
+                        }
+                    };
+                    if passed(at) && ctx.activity.idle_for(Duration::ZERO) {
+                        draining = true;
+                        Pin::new(&mut *conn).graceful_shutdown();
+                    }
+                }
             }
             _ => {}
         }
@@ -261,11 +325,21 @@ where
                 Stopped::Ended("closed")
             });
         }
+        if drain_close.is_some() && !draining && ctx.activity.is_busy() {
+            // A request arrived in the drain window: its response closes.
+            draining = true;
+            Pin::new(&mut *conn).graceful_shutdown();
+        }
         // The timer is polled only to (re)arm it or once it has fired; an
         // ordinary wake costs one atomic load here.
         if !timer_armed || timer.is_elapsed() {
             if timer_armed {
-                if I::PARKABLE && !parking && !draining && ctx.activity.idle_for(park_after) {
+                if I::PARKABLE
+                    && !parking
+                    && !draining
+                    && drain_close.is_none()
+                    && ctx.activity.idle_for(park_after)
+                {
                     parking = true;
                     Pin::new(&mut *conn).graceful_shutdown();
                     cx.waker().wake_by_ref();
@@ -277,7 +351,11 @@ where
                     u64::MAX / 2
                 };
                 match ctx.activity.check(&t) {
-                    Verdict::Next(next) => timer.as_mut().reset(deadline_at(next.min(park_at))),
+                    Verdict::Next(next) => {
+                        let drain = drain_close.filter(|&d| !passed(d)).unwrap_or(u64::MAX);
+                        let at = next.min(park_at).min(drain);
+                        timer.as_mut().reset(deadline_at(at));
+                    }
                     Verdict::Close(reason) => return Poll::Ready(Stopped::Ended(reason)),
                     Verdict::Expire(e) => {
                         // The request's service answers it when hyper polls

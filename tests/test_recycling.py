@@ -1,0 +1,101 @@
+"""No request is lost while workers recycle: 4 keep-alive clients POST
+1 KiB bodies, back to back and never retried (a client does not retry a
+POST), against `-w 2` through `--max-requests` with jitter and through two
+HUPs. Every POST must get its 200 (issue 9, item 4)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import threading
+
+from harness import TIMEOUT, gunicorn, wait_until, worker_pids
+
+APP = "apps.fidelity_app:app"
+# Recycled workers to wait for (SKIRR_RECYCLE_ROUNDS=60 for a longer run).
+ROUNDS = int(os.environ.get("SKIRR_RECYCLE_ROUNDS", "12"))
+BODY = b"p" * 1024
+
+
+class Clients:
+    """Four threads POSTing on keep-alive connections until stopped."""
+
+    def __init__(self, port: int, n: int = 4) -> None:
+        self.port = port
+        self.ok = 0
+        self.failed: list[str] = []
+        self.closes = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(n)]
+
+    def run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
+        while not self.stop.is_set():
+            try:
+                conn.request("POST", "/post", body=BODY, headers={"Content-Type": "application/octet-stream"})
+                resp = conn.getresponse()
+                body = resp.read()
+                good = resp.status == 200 and body == b"1024"
+                with self.lock:
+                    if good:
+                        self.ok += 1
+                    else:
+                        self.failed.append(f"{resp.status} {body[:80]!r}")
+                if resp.will_close:
+                    with self.lock:
+                        self.closes += 1
+                    conn.close()
+            except (OSError, http.client.HTTPException) as e:
+                # The connection was closed under a request already sent.
+                with self.lock:
+                    self.failed.append(f"{type(e).__name__}: {e}")
+                conn.close()
+        conn.close()
+
+    def __enter__(self) -> Clients:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(TIMEOUT)
+
+
+def test_no_post_fails_across_max_requests_recycling():
+    with gunicorn(APP, "-w", "2", "--max-requests", "300", "--max-requests-jitter", "50") as g:
+        wait_until(lambda: len(worker_pids(g.proc.pid)) == 2, what="2 workers")
+        first = set(worker_pids(g.proc.pid))
+        with Clients(g.port) as c:
+            wait_until(
+                lambda: g.logs().count("Autorestarting worker") >= ROUNDS,
+                timeout=30 + ROUNDS * 2,
+                what=f"{ROUNDS} recycled workers",
+            )
+        assert not first & set(worker_pids(g.proc.pid))
+    assert c.ok > ROUNDS * 250
+    print(f"max-requests: {c.ok} POSTs, {len(c.failed)} failed, {c.closes} closed by Connection: close")
+    assert c.failed == [], f"{len(c.failed)} of {c.ok + len(c.failed)} POSTs failed: {c.failed[:5]}"
+
+
+def test_no_post_fails_across_two_hups():
+    with gunicorn(APP, "-w", "2") as g:
+        wait_until(lambda: len(worker_pids(g.proc.pid)) == 2, what="2 workers")
+        with Clients(g.port) as c:
+            for _ in range(2):
+                before = set(worker_pids(g.proc.pid))
+                wait_until(lambda: c.ok > 300, what="traffic")
+                g.send_signal(signal.SIGHUP)
+                wait_until(
+                    lambda before=before: len(set(worker_pids(g.proc.pid)) - before) == 2
+                    and not before & set(worker_pids(g.proc.pid)),
+                    timeout=30,
+                    what="the old workers replaced",
+                )
+                served = c.ok
+                wait_until(lambda served=served: c.ok > served + 300, what="traffic on the new workers")
+    print(f"HUP: {c.ok} POSTs, {len(c.failed)} failed, {c.closes} closed by Connection: close")
+    assert c.failed == [], f"{len(c.failed)} of {c.ok + len(c.failed)} POSTs failed: {c.failed[:5]}"
