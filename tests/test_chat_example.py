@@ -61,7 +61,10 @@ def test_close_before_accept_is_refused_with_403(url):
 
 def test_many_clients(url):
     async def client(i):
-        async with websockets.connect(f"{url}/ws/big?name=c{i}") as ws:
+        # Unbounded queue: after its echo a client stops reading, and with the
+        # default 16-frame queue full it would not see the server's close frame
+        # until close_timeout (10 s) ran out.
+        async with websockets.connect(f"{url}/ws/big?name=c{i}", max_queue=None) as ws:
             await ws.send(f"msg {i}")
             while True:
                 m = json.loads(await ws.recv())
