@@ -26,6 +26,12 @@ async def _json(send, obj, status=200):
     await send({"type": "http.response.body", "body": body})
 
 
+async def _text(send, body: bytes):
+    headers = [(b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def file_like(scope, receive, send, q, rec):
     """A FileResponse: Content-Length, every chunk with more_body=True, then
     an empty final chunk (Starlette, Django, Quart, Litestar all do this)."""
@@ -143,9 +149,7 @@ async def app(scope, receive, send):
             size += len(msg.get("body", b""))
             if not msg.get("more_body"):
                 break
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(str(size)))]})
-        await send({"type": "http.response.body", "body": str(size).encode()})
-        return
+        return await _text(send, str(size).encode())
     q = _qs(scope)
     if path == "/seen":
         return await _json(send, SEEN.get(q.get("id", ""), {}))
