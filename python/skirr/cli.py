@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import socket
 import stat
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 from skirr import __version__, config, logs
 from skirr._skirr import StartupFailed
-from skirr.asgi import AppLoadError, as_asgi3, import_app
+from skirr.asgi import AppLoadError, app_traceback, as_asgi3, import_app
 from skirr.serve import serve
 
 EXIT_USAGE = 1
@@ -122,7 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         app = as_asgi3(import_app(args.app, factory=args.factory, app_dir=args.app_dir))
     except AppLoadError as e:
-        return _fail(str(e))
+        if e.cause is None:
+            return _fail(str(e))
+        if error_log.isEnabledFor(logging.DEBUG):
+            print(app_traceback(e.cause), end="", file=sys.stderr)
+            return _fail(str(e))
+        return _fail(f"{e}; --log-level debug shows the traceback")
     try:
         sock, kind, name = open_listener(args)
     except OSError as e:
