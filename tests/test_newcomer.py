@@ -1,12 +1,14 @@
 """What a newcomer meets in the first hour, each with one clear message:
-an app module that fails to import."""
+a WSGI app given to an ASGI server, an app module that fails to import."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
-from harness import PY, ROOT, _env
+import pytest
+from harness import PY, ROOT, _env, gunicorn, request, skirr
 
 
 def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -20,6 +22,115 @@ def one_error_line(p: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("skirr: error: "), p.stderr
     return lines[0]
+
+
+# --- 2. a WSGI app given to an ASGI server -------------------------------------------------
+
+
+def test_wsgi_app_standalone_stops_with_one_line():
+    line = one_error_line(run_cli("apps.newcomer:wsgi_app", "--port", "0"))
+    assert "'apps.newcomer:wsgi_app' is a WSGI application" in line
+    assert "WsgiToAsgi" in line and "WSGI server" in line
+
+
+def test_wsgi_app_under_gunicorn_stops_the_boot():
+    with gunicorn("apps.newcomer:wsgi_app", ready=False) as g:
+        assert g.wait(20) != 0, "the master halts: a restart would fail the same way"
+        logs = g.logs()
+    assert "[ERROR] skirr: 'apps.newcomer:wsgi_app' is a WSGI application" in logs, logs
+    assert "Traceback" not in logs
+
+
+@pytest.mark.parametrize(
+    "app,body", [("apps.newcomer:partial_app", b"partial"), ("apps.newcomer:wrapped_app", b"wrapped")]
+)
+def test_asgi3_apps_that_are_not_coroutine_functions_are_served(app, body):
+    with skirr(app, "--no-access-log") as s:
+        assert request(s.port).body == body
+        assert "Traceback" not in s.logs()
+
+
+#: Builds each framework's app (those installed) and prints how Skirr sees it.
+CLASSIFY = r"""
+import json
+from skirr.asgi import interface
+from apps import newcomer, variants
+
+found = {
+    "asgi2 class": variants.ASGI2App,
+    "asgi2 function": variants.asgi2_function,
+    "async __call__ instance": variants.instance_app,
+    "partial of async function": newcomer.partial_app,
+    "sync middleware": newcomer.wrapped_app,
+    "wsgi function": newcomer.wsgi_app,
+}
+try:
+    from starlette.applications import Starlette
+    from starlette.middleware.gzip import GZipMiddleware
+    from fastapi import FastAPI
+    found["starlette"] = Starlette()
+    found["fastapi"] = FastAPI()
+    found["starlette middleware"] = GZipMiddleware(FastAPI())
+except ImportError:
+    pass
+try:
+    import django
+    from django.conf import settings
+    settings.configure(ALLOWED_HOSTS=["*"], ROOT_URLCONF=__name__)
+    urlpatterns = []
+    django.setup()
+    from django.core.handlers.asgi import ASGIHandler
+    from django.core.handlers.wsgi import WSGIHandler
+    found["django asgi"] = ASGIHandler()
+    found["django wsgi"] = WSGIHandler()
+except ImportError:
+    pass
+try:
+    from litestar import Litestar
+    found["litestar"] = Litestar()
+except ImportError:
+    pass
+try:
+    from quart import Quart
+    found["quart"] = Quart("q")
+except ImportError:
+    pass
+try:
+    from flask import Flask
+    from asgiref.wsgi import WsgiToAsgi
+    found["flask"] = Flask("f")
+    found["flask wrapped in WsgiToAsgi"] = WsgiToAsgi(Flask("f"))
+except ImportError:
+    pass
+print(json.dumps({name: interface(app) for name, app in found.items()}))
+"""
+
+EXPECTED = {
+    "asgi2 class": "asgi2",
+    "asgi2 function": "asgi2",
+    "async __call__ instance": "asgi3",
+    "partial of async function": "asgi3",
+    "sync middleware": "asgi3",
+    "wsgi function": "wsgi",
+    "starlette": "asgi3",
+    "fastapi": "asgi3",
+    "starlette middleware": "asgi3",
+    "django asgi": "asgi3",
+    "django wsgi": "wsgi",
+    "litestar": "asgi3",
+    "quart": "asgi3",
+    "flask": "wsgi",
+    "flask wrapped in WsgiToAsgi": "asgi3",
+}
+
+
+def test_frameworks_apps_are_told_apart():
+    # In a child process: Django's settings are process-wide.
+    p = subprocess.run([PY, "-c", CLASSIFY], cwd=str(ROOT), env=_env(None), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    seen = json.loads(p.stdout.splitlines()[-1])
+    assert {k: EXPECTED[k] for k in seen} == seen
+    assert {"starlette", "fastapi"} <= seen.keys()
 
 
 # --- 3. an app module that fails to import (standalone) -----------------------------------

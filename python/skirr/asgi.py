@@ -1,7 +1,9 @@
-"""Loading applications (with clear errors when that fails) and adapting ASGI 2 ones."""
+"""Loading applications: clear errors when that fails, ASGI 2 apps adapted,
+WSGI apps refused."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -153,12 +155,48 @@ def is_asgi3(app: Any) -> bool:
     """Whether ``app`` is an ASGI 3 single callable (rather than an ASGI 2
     double callable ``app(scope)(receive, send)``), decided as uvicorn and
     asgiref do: by whether the callable is a coroutine function."""
+    if inspect.iscoroutinefunction(app):
+        return True  # also sees through functools.partial
     if inspect.isclass(app):
         return hasattr(app, "__await__")
-    if inspect.isfunction(app) or inspect.ismethod(app):
-        return inspect.iscoroutinefunction(app)
+    if inspect.isfunction(app) or inspect.ismethod(app) or isinstance(app, functools.partial):
+        return False
     call = getattr(app, "__call__", None)  # noqa: B004
     return inspect.iscoroutinefunction(call)
+
+
+def _binds(app: Any, n: int) -> bool | None:
+    """Whether ``app`` accepts ``n`` positional arguments (``None``: no
+    signature to tell, e.g. a C callable)."""
+    try:
+        sig = inspect.signature(app)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*range(n))
+    except TypeError:
+        return False
+    return True
+
+
+def interface(app: Any) -> str:
+    """``"asgi3"``, ``"asgi2"`` or ``"wsgi"``.
+
+    Coroutine functions are ASGI 3. Any other callable is ASGI 2
+    (``app(scope)``), as uvicorn and asgiref decide, unless its signature
+    rules that out: one that takes exactly two positional arguments is a
+    WSGI app ``app(environ, start_response)``, and one that takes exactly
+    three is an ASGI 3 app returning an awaitable (a plain-``def``
+    middleware that returns the wrapped app's coroutine).
+    """
+    if is_asgi3(app):
+        return "asgi3"
+    if _binds(app, 1) is False:
+        if _binds(app, 2):
+            return "wsgi"
+        if _binds(app, 3):
+            return "asgi3"
+    return "asgi2"
 
 
 class ASGI2Adapter:
@@ -172,6 +210,34 @@ class ASGI2Adapter:
         await instance(receive, send)
 
 
-def as_asgi3(app: Any) -> Any:
-    """``app`` itself if it is ASGI 3, else an :class:`ASGI2Adapter` around it."""
-    return app if is_asgi3(app) else ASGI2Adapter(app)
+class ReturnedAwaitable:
+    """Runs an ASGI 3 callable that is not a coroutine function but returns
+    an awaitable."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+def wsgi_message(name: str) -> str:
+    return (
+        f"{name} is a WSGI application (it is called as app(environ, start_response)), and Skirr serves ASGI: "
+        "serve it with a WSGI server (e.g. gunicorn -k gthread), or wrap it: "
+        "from asgiref.wsgi import WsgiToAsgi; app = WsgiToAsgi(app)"
+    )
+
+
+def as_asgi3(app: Any, name: str = "the application") -> Any:
+    """``app`` as an ASGI 3 callable: itself, or wrapped if it is ASGI 2.
+
+    Raises :class:`AppLoadError` for a WSGI application (``name`` says
+    which, e.g. ``"'app:app'"``).
+    """
+    kind = interface(app)
+    if kind == "wsgi":
+        raise AppLoadError(wsgi_message(name))
+    if kind == "asgi2":
+        return ASGI2Adapter(app)
+    return app if is_asgi3(app) else ReturnedAwaitable(app)

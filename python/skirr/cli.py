@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(e))
     error_log, access_log = logs.setup(args.log_level, args.access_log)
     try:
-        app = as_asgi3(import_app(args.app, factory=args.factory, app_dir=args.app_dir))
+        app = as_asgi3(import_app(args.app, factory=args.factory, app_dir=args.app_dir), repr(args.app))
     except AppLoadError as e:
         if e.cause is None:
             return _fail(str(e))

@@ -31,7 +31,7 @@ from gunicorn.workers.base import Worker
 
 from skirr import config, gunicorn_settings
 from skirr._skirr import StartupFailed
-from skirr.asgi import as_asgi3
+from skirr.asgi import AppLoadError, as_asgi3
 from skirr.serve import serve
 
 #: Gunicorn's exit status for "worker failed to boot": the master halts.
@@ -240,7 +240,12 @@ class RustWorker(Worker):
         except config.ConfigError as e:
             self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)
-        app = as_asgi3(self.wsgi)
+        try:
+            uri = getattr(self.app, "app_uri", None)
+            app = as_asgi3(self.wsgi, repr(uri) if uri else "the application")
+        except AppLoadError as e:
+            self.log.error("skirr: %s", e)
+            sys.exit(WORKER_BOOT_ERROR)
         if gunicorn_settings.has_request_hooks(self.cfg):
             app = with_request_hooks(app, self)
         listeners = [(s.sock.fileno(), "unix" if s.sock.family == socket.AF_UNIX else "tcp") for s in self.sockets]
