@@ -1,14 +1,17 @@
 """What a newcomer meets in the first hour, each with one clear message:
-a WSGI app given to an ASGI server, an app module that fails to import."""
+an edit that breaks the import under ``--reload`` (a 500 carrying the
+traceback until it is fixed), a WSGI app given to an ASGI server, an app
+module that fails to import."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 
 import pytest
-from harness import PY, ROOT, _env, gunicorn, request, skirr
+from harness import PY, ROOT, _env, gunicorn, request, skirr, wait_until
 
 
 def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -22,6 +25,39 @@ def one_error_line(p: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("skirr: error: "), p.stderr
     return lines[0]
+
+
+# --- 1. --reload and an edit that breaks the import ---------------------------------------
+
+GOOD = (
+    "async def app(scope, receive, send):\n"
+    "    if scope['type'] != 'http': return\n"
+    "    await send({'type': 'http.response.start', 'status': 200, 'headers': []})\n"
+    "    await send({'type': 'http.response.body', 'body': b'fixed'})\n"
+)
+
+
+def _body(port: int) -> bytes | None:
+    try:
+        return request(port).body
+    except OSError:
+        return None
+
+
+def test_reload_serves_a_syntax_error_as_a_500_and_reloads_once_fixed(tmp_path):
+    app = tmp_path / "editme.py"
+    app.write_text("async def app(scope, receive, send):\n    await send({'type': }\n")
+    with gunicorn("editme:app", "--reload", "--chdir", str(tmp_path), env={"PYTHONPATH": str(tmp_path)}) as g:
+        r = request(g.port)
+        assert r.status == 500
+        body = r.body.decode()
+        assert "SyntaxError" in body and f'File "{app}", line 2' in body, body
+        assert "gunicorn" not in body, "the traceback starts at the app, not in the loader"
+        logs = g.logs()
+        assert "SyntaxError" in logs and "start_response" not in logs, logs
+        time.sleep(1.1)  # mtime granularity of the reloader's poll
+        app.write_text(GOOD)
+        wait_until(lambda: _body(g.port) == b"fixed", timeout=20, what="the fixed app served after the reload")
 
 
 # --- 2. a WSGI app given to an ASGI server -------------------------------------------------
