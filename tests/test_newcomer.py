@@ -1,12 +1,14 @@
 """What a newcomer meets in the first hour, each with one clear message:
 an edit that breaks the import under ``--reload`` (a 500 carrying the
 traceback until it is fixed), a WSGI app given to an ASGI server, an app
-module that fails to import."""
+module that fails to import, TLS files that do not fit."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import subprocess
 import time
 
@@ -199,3 +201,61 @@ def test_wrong_app_path_says_where_it_looked():
     line = one_error_line(run_cli("tests.apps.no_such_app:app", "--port", "0"))
     assert "cannot import module 'tests.apps.no_such_app'" in line
     assert str(ROOT) in line and "--app-dir" in line
+
+
+# --- 4. standalone TLS: the files are checked before anything is announced ---------------
+
+
+@pytest.fixture(scope="module")
+def pem(tmp_path_factory):
+    trustme = pytest.importorskip("trustme")
+    d = tmp_path_factory.mktemp("pem")
+    ca = trustme.CA()
+    cert, other = ca.issue_cert("localhost"), ca.issue_cert("other.test")
+    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(d / "key.pem"))
+    other.private_key_pem.write_to_path(str(d / "other-key.pem"))
+    (d / "combined.pem").write_bytes(cert.cert_chain_pems[0].bytes() + cert.private_key_pem.bytes())
+    return {p.stem: str(p) for p in d.iterdir()}
+
+
+def tls_cli(*tls: str) -> subprocess.CompletedProcess:
+    return run_cli("apps.probe:app", "--app-dir", "tests", "--port", "0", *tls)
+
+
+def test_certfile_without_key_names_the_certfile(pem):
+    line = one_error_line(tls_cli("--ssl-certfile", pem["cert"]))
+    assert f"--ssl-certfile {pem['cert']} holds no private key" in line and "--ssl-keyfile" in line
+
+
+def test_missing_certfile_is_one_line_before_listening(pem, tmp_path):
+    missing = str(tmp_path / "nope.pem")
+    line = one_error_line(tls_cli("--ssl-certfile", missing, "--ssl-keyfile", pem["key"]))
+    assert f"--ssl-certfile {missing}: no such file" in line
+
+
+def test_key_that_does_not_match_the_certificate(pem):
+    line = one_error_line(tls_cli("--ssl-certfile", pem["cert"], "--ssl-keyfile", pem["other-key"]))
+    assert f"--ssl-keyfile {pem['other-key']} does not match the certificate" in line
+
+
+def test_keyfile_without_certfile(pem):
+    line = one_error_line(tls_cli("--ssl-keyfile", pem["key"]))
+    assert "--ssl-keyfile is set without --ssl-certfile" in line
+
+
+def test_key_inside_the_certfile_is_served(pem):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # only the key's whereabouts are under test
+    with skirr("apps.probe:app", "--ssl-certfile", pem["combined"], ready=False) as s:
+        wait_until(lambda: "listening at" in s.logs(), what="listening line")
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", s.port), timeout=10)) as c:
+            c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert c.recv(12) == b"HTTP/1.1 200"
+
+
+def test_gunicorn_certfile_without_key_names_the_certfile(pem):
+    with gunicorn("apps.probe:app", "--certfile", pem["cert"], ready=False) as g:
+        assert g.wait(20) != 0
+        logs = g.logs()
+    assert f"[ERROR] skirr: certfile {pem['cert']} holds no private key: set keyfile" in logs, logs

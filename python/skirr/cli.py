@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     explicit = {o.name: getattr(args, o.name) for o in config.OPTIONS}
     try:
         values = config.resolve(explicit)
+        config.check_tls_files(values)
     except config.ConfigError as e:
         return _fail(str(e))
     error_log, access_log = logs.setup(args.log_level, args.access_log)
@@ -135,8 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(e.strerror or str(e))
     if values.get("ssl_certfile") and name.startswith("http://"):
         name = "https://" + name[len("http://") :]
-    error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
     rust = config.rust_config(values, access_log=access_log is not None, sigint_graceful=True)
+
+    def announce(server: object) -> None:
+        # Only once the Rust core has accepted the settings (TLS files included).
+        error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
+
     try:
         serve(
             app,
@@ -145,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             error_logger=error_log,
             loop_kind=values["loop"],
             access_logger=logs.access_logger(access_log) if access_log else None,
+            on_server=announce,
         )
     except StartupFailed as e:
         error_log.error("Application startup failed: %s", e)

@@ -286,6 +286,7 @@ class RustWorker(Worker):
             if problems.errors:
                 raise config.ConfigError("; ".join(problems.errors))
             values = self._options()
+            config.check_tls_files(values, config.GUNICORN_NAMES)
         except config.ConfigError as e:
             self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)
