@@ -1,7 +1,8 @@
 """What a newcomer meets in the first hour, each with one clear message:
 an edit that breaks the import under ``--reload`` (a 500 carrying the
 traceback until it is fixed), a WSGI app given to an ASGI server, an app
-module that fails to import, TLS files that do not fit."""
+module that fails to import, TLS files that do not fit, a
+``--uds`` path that is not a socket."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from harness import PY, ROOT, _env, gunicorn, request, skirr, wait_until
+from harness import PY, ROOT, RawConn, _env, gunicorn, request, skirr, wait_until
 
 
 def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -259,3 +260,44 @@ def test_gunicorn_certfile_without_key_names_the_certfile(pem):
         assert g.wait(20) != 0
         logs = g.logs()
     assert f"[ERROR] skirr: certfile {pem['cert']} holds no private key: set keyfile" in logs, logs
+
+
+# --- 5. --uds on a path that is not a socket ----------------------------------------------
+
+
+def test_uds_on_a_regular_file_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("keep me")
+    line = one_error_line(run_cli("apps.probe:app", "--app-dir", "tests", "--uds", str(path)))
+    assert f"unix:{path}: it is a regular file, which Skirr will not replace" in line
+    assert "already in use" not in line
+    assert path.read_text() == "keep me"
+
+
+def test_uds_replaces_a_stale_socket_file(tmp_path):
+    path = str(tmp_path / "stale.sock")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.close()  # the file stays: what a killed server leaves behind
+    proc = subprocess.Popen(
+        [PY, "-m", "skirr", "apps.probe:app", "--app-dir", "tests", "--uds", path],
+        cwd=str(ROOT),
+        env=_env(None),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def answered():
+            try:
+                with RawConn(path=path, timeout=2) as c:
+                    c.send(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    return c.read_response()
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()
+                return None
+
+        assert wait_until(answered, what="answer on the replaced socket").status == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -86,10 +86,26 @@ def open_listener(args: argparse.Namespace) -> tuple[socket.socket, str, str]:
     if args.uds:
         path = args.uds
         try:
-            if stat.S_ISSOCK(os.stat(path).st_mode):
-                os.unlink(path)  # a stale socket from a previous run
+            mode = os.stat(path).st_mode
         except FileNotFoundError:
             pass
+        else:
+            if stat.S_ISSOCK(mode):
+                os.unlink(path)  # a stale socket from a previous run
+            else:
+                # bind() would say "Address already in use", which reads as another server.
+                what = (
+                    "a directory"
+                    if stat.S_ISDIR(mode)
+                    else "a regular file"
+                    if stat.S_ISREG(mode)
+                    else "a file that is not a socket"
+                )
+                raise OSError(
+                    errno.EEXIST,
+                    f"cannot bind unix:{path}: it is {what}, which Skirr will not replace "
+                    "(remove it or choose another path)",
+                )
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
