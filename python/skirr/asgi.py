@@ -81,11 +81,11 @@ def app_traceback(e: BaseException, loader_dirs: tuple[str, ...] = ()) -> str:
 
 
 def describe(e: BaseException) -> str:
-    """``"Type: message (path, line N)"``."""
-    if isinstance(e, SyntaxError) and e.filename:
-        text = f"{type(e).__name__}: {e.msg}"
-    else:
-        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    """``"Type: message (path, line N)"``, on one line (a message of several
+    lines, e.g. a validation report, is cut after its first)."""
+    msg = e.msg if isinstance(e, SyntaxError) and e.filename else str(e)
+    lines = msg.strip().splitlines()
+    text = type(e).__name__ + (f": {lines[0]}" if lines else "") + (" …" if len(lines) > 1 else "")
     at = where(e)
     return f"{text} ({at})" if at else text
 
