@@ -7,6 +7,8 @@
 # Each interpreter gets its own virtualenv in .venv-test/<version> and one
 # release-built wheel in dist/ (also used by the Dockerfile test), installed
 # with its [test] extra.
+# SKIRR_TEST_QUICK=1: after the wheels, only ruff and pytest (no Autobahn set-up,
+# so its test is skipped; no cargo fmt, clippy, Rust unit tests or fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +40,16 @@ for v in $PYTHONS; do
     "$venv/bin/python" -m pip install -q "$whl[test]"
     [ -n "$first" ] || first=$venv
 done
+
+if [ "${SKIRR_TEST_QUICK:-0}" != 0 ]; then
+    echo "== SKIRR_TEST_QUICK: ruff and pytest only"
+    "$first/bin/ruff" check python tests examples bench
+    for v in $PYTHONS; do
+        echo "== pytest on CPython $v"
+        ".venv-test/$v/bin/python" -m pytest -q "$@"
+    done
+    exit 0
+fi
 
 echo "== Autobahn TestSuite (CPython 2.7 virtualenv)"
 py27=$(find_python 2.7) || { echo "tests/run.sh: CPython 2.7 not found (needed by Autobahn)" >&2; exit 1; }

@@ -21,7 +21,7 @@ def run_cli(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     "app,words",
     [
         ("nosuchmodule:app", ["cannot import module", "nosuchmodule"]),
-        ("tests.apps.broken_import:app", ["importing", "this_module_does_not_exist"]),
+        ("tests.apps.broken_import:app", ["imports 'this_module_does_not_exist'", "not installed"]),
         ("tests.apps.variants:missing", ["has no attribute", "missing"]),
         ("tests.apps.variants:not_callable", ["not callable"]),
         ("no-colon", ["module:attribute"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import socket
 import stat
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 from skirr import __version__, config, logs
 from skirr._skirr import StartupFailed
-from skirr.asgi import AppLoadError, as_asgi3, import_app
+from skirr.asgi import AppLoadError, app_traceback, as_asgi3, import_app
 from skirr.serve import serve
 
 EXIT_USAGE = 1
@@ -85,10 +86,26 @@ def open_listener(args: argparse.Namespace) -> tuple[socket.socket, str, str]:
     if args.uds:
         path = args.uds
         try:
-            if stat.S_ISSOCK(os.stat(path).st_mode):
-                os.unlink(path)  # a stale socket from a previous run
+            mode = os.stat(path).st_mode
         except FileNotFoundError:
             pass
+        else:
+            if stat.S_ISSOCK(mode):
+                os.unlink(path)  # a stale socket from a previous run
+            else:
+                # bind() would say "Address already in use", which reads as another server.
+                what = (
+                    "a directory"
+                    if stat.S_ISDIR(mode)
+                    else "a regular file"
+                    if stat.S_ISREG(mode)
+                    else "a file that is not a socket"
+                )
+                raise OSError(
+                    errno.EEXIST,
+                    f"cannot bind unix:{path}: it is {what}, which Skirr will not replace "
+                    "(remove it or choose another path)",
+                )
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
@@ -116,21 +133,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     explicit = {o.name: getattr(args, o.name) for o in config.OPTIONS}
     try:
         values = config.resolve(explicit)
+        config.check_tls_files(values)
     except config.ConfigError as e:
         return _fail(str(e))
     error_log, access_log = logs.setup(args.log_level, args.access_log)
     try:
-        app = as_asgi3(import_app(args.app, factory=args.factory, app_dir=args.app_dir))
+        app = as_asgi3(import_app(args.app, factory=args.factory, app_dir=args.app_dir), repr(args.app))
     except AppLoadError as e:
-        return _fail(str(e))
+        if e.cause is None:
+            return _fail(str(e))
+        if error_log.isEnabledFor(logging.DEBUG):
+            print(app_traceback(e.cause), end="", file=sys.stderr)
+            return _fail(str(e))
+        return _fail(f"{e}; --log-level debug shows the traceback")
     try:
         sock, kind, name = open_listener(args)
     except OSError as e:
         return _fail(e.strerror or str(e))
     if values.get("ssl_certfile") and name.startswith("http://"):
         name = "https://" + name[len("http://") :]
-    error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
     rust = config.rust_config(values, access_log=access_log is not None, sigint_graceful=True)
+
+    def announce(server: object) -> None:
+        # Only once the Rust core has accepted the settings (TLS files included).
+        error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
+
     try:
         serve(
             app,
@@ -139,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             error_logger=error_log,
             loop_kind=values["loop"],
             access_logger=logs.access_logger(access_log) if access_log else None,
+            on_server=announce,
         )
     except StartupFailed as e:
         error_log.error("Application startup failed: %s", e)

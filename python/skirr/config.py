@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -360,3 +361,68 @@ def rust_config(values: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     d = {k: v for k, v in values.items() if BY_NAME[k].rust}
     d.update(extra)
     return d
+
+
+_PEM_CERT = re.compile(rb"-----BEGIN (?:TRUSTED )?CERTIFICATE-----")
+_PEM_KEY = re.compile(rb"-----BEGIN (?:RSA |EC |ENCRYPTED )?PRIVATE KEY-----")
+
+#: How the TLS options are named to the user: standalone flags, or Gunicorn's settings.
+FLAG_NAMES = {"ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile", "ssl_ca_certs": "--ssl-ca-certs"}
+GUNICORN_NAMES = {"ssl_certfile": "certfile", "ssl_keyfile": "keyfile", "ssl_ca_certs": "ca_certs"}
+
+
+def _read_pem(name: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{name} {path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name} {path} is a directory, not a PEM file") from None
+    except PermissionError:
+        raise ConfigError(f"{name} {path} is not readable by this user (permission denied)") from None
+    except OSError as e:
+        raise ConfigError(f"{name} {path}: {e.strerror}") from None
+
+
+def check_tls_files(values: Mapping[str, Any], names: Mapping[str, str] = FLAG_NAMES) -> None:
+    """Checks the TLS files before anything is bound or announced: each
+    exists, is readable and holds the PEM blocks it should, and the key
+    matches the certificate. The Rust core checks again when it loads them;
+    this names the right file (a certfile without a keyfile must hold the
+    key itself).
+
+    Raises :class:`ConfigError` naming the option (``names``) and the file.
+    """
+    cert, key, ca = values.get("ssl_certfile"), values.get("ssl_keyfile"), values.get("ssl_ca_certs")
+    if not cert:
+        for opt in ("ssl_keyfile", "ssl_ca_certs"):
+            if values.get(opt):
+                raise ConfigError(f"{names[opt]} is set without {names['ssl_certfile']}")
+        return
+    cert_pem = _read_pem(names["ssl_certfile"], cert)
+    if not _PEM_CERT.search(cert_pem):
+        raise ConfigError(f"{names['ssl_certfile']} {cert}: no PEM certificate found (no BEGIN CERTIFICATE block)")
+    if key:
+        key_pem = _read_pem(names["ssl_keyfile"], key)
+        if not _PEM_KEY.search(key_pem):
+            raise ConfigError(f"{names['ssl_keyfile']} {key}: no PEM private key found (no BEGIN PRIVATE KEY block)")
+    else:
+        key_pem = cert_pem
+        if not _PEM_KEY.search(cert_pem):
+            raise ConfigError(
+                f"{names['ssl_certfile']} {cert} holds no private key: set {names['ssl_keyfile']} to the key file"
+            )
+    if ca and not _PEM_CERT.search(_read_pem(names["ssl_ca_certs"], ca)):
+        raise ConfigError(f"{names['ssl_ca_certs']} {ca}: no PEM certificate found (no BEGIN CERTIFICATE block)")
+    if b"ENCRYPTED" in key_pem:
+        return  # the Rust core explains that it cannot use an encrypted key
+    import ssl  # only to compare key and certificate: rustls serves TLS
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key or None, password=lambda: b"")
+    except ssl.SSLError as e:
+        # Other failures are left to the Rust core (rustls), which has the final word.
+        if getattr(e, "reason", None) == "KEY_VALUES_MISMATCH":
+            where = f"{names['ssl_keyfile']} {key}" if key else f"the key in {cert}"
+            raise ConfigError(f"{where} does not match the certificate in {names['ssl_certfile']} {cert}") from None

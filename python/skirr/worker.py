@@ -22,16 +22,18 @@ to stop:
 from __future__ import annotations
 
 import datetime
+import os
 import signal
 import socket
 import sys
 from typing import Any
 
+import gunicorn
 from gunicorn.workers.base import Worker
 
 from skirr import config, gunicorn_settings
 from skirr._skirr import StartupFailed
-from skirr.asgi import as_asgi3
+from skirr.asgi import AppLoadError, app_traceback, as_asgi3
 from skirr.serve import serve
 
 #: Gunicorn's exit status for "worker failed to boot": the master halts.
@@ -180,8 +182,55 @@ def with_request_hooks(app: Any, worker: Worker) -> Any:
     return hooked
 
 
+def load_error_app(report: str) -> Any:
+    """The ASGI app served under ``--reload`` while the code does not
+    import: every request gets a 500 carrying ``report`` (the traceback),
+    as Gunicorn's own workers answer; lifespan completes, so the worker
+    stays up until the reloader sees the fix."""
+    body = report.encode("utf-8", "replace")
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1011})
+        elif scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    return app
+
+
 class RustWorker(Worker):
     """A Gunicorn worker serving ASGI applications with Skirr's Rust core."""
+
+    def load_wsgi(self) -> None:
+        # As Gunicorn's base worker and its -k asgi worker: with --reload, a
+        # SyntaxError is logged and served as a 500, and the broken file is
+        # watched so that fixing it reloads. The base worker's stand-in is
+        # a WSGI app, which this worker cannot run, so this one is ASGI.
+        try:
+            self.wsgi = self.app.wsgi()
+        except SyntaxError as e:
+            if not self.cfg.reload:
+                raise
+            self.log.exception(e)
+            if self.reloader is not None and e.filename is not None:
+                self.reloader.add_extra_file(e.filename)
+            gunicorn_dir = os.path.dirname(os.path.realpath(gunicorn.__file__)) + os.sep
+            self.wsgi = load_error_app(app_traceback(e, (gunicorn_dir,)))
 
     def init_signals(self) -> None:
         # Python-level handlers cannot run while the main thread is inside the
@@ -237,10 +286,16 @@ class RustWorker(Worker):
             if problems.errors:
                 raise config.ConfigError("; ".join(problems.errors))
             values = self._options()
+            config.check_tls_files(values, config.GUNICORN_NAMES)
         except config.ConfigError as e:
             self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)
-        app = as_asgi3(self.wsgi)
+        try:
+            uri = getattr(self.app, "app_uri", None)
+            app = as_asgi3(self.wsgi, repr(uri) if uri else "the application")
+        except AppLoadError as e:
+            self.log.error("skirr: %s", e)
+            sys.exit(WORKER_BOOT_ERROR)
         if gunicorn_settings.has_request_hooks(self.cfg):
             app = with_request_hooks(app, self)
         listeners = [(s.sock.fileno(), "unix" if s.sock.family == socket.AF_UNIX else "tcp") for s in self.sockets]
