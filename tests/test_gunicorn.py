@@ -141,3 +141,15 @@ def test_keepalive_setting_is_honoured():
             t0 = time.monotonic()
             assert c.is_closed(timeout=5)
             assert 0.7 < time.monotonic() - t0 < 4
+
+
+def test_a_worker_aborted_mid_stream_leaves_the_body_visibly_incomplete():
+    with gunicorn("apps.fidelity_app:app", "-w", "1", "--timeout", "2") as g:
+        with RawConn(g.port, timeout=15) as c:
+            c.send(b"GET /stream-then-block?secs=30 HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = c.read_to_eof()
+        assert data.startswith(b"HTTP/1.1 200")
+        body = data.split(b"\r\n\r\n", 1)[1]
+        # The chunk sent, then nothing: no last chunk, nothing appended.
+        assert body.lower() == b"c\r\nfirst chunk\n\r\n", body
+        assert "WORKER TIMEOUT" in g.logs()

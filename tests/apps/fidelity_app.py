@@ -130,6 +130,39 @@ async def task_facts(scope, receive, send, q, rec):
     )
 
 
+async def stream_forever(scope, receive, send, q, rec):
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    try:
+        for _ in range(1000):
+            await send({"type": "http.response.body", "body": b"tick\n" * 100, "more_body": True})
+            await asyncio.sleep(0.01)
+    except OSError:
+        rec["gone"] = True
+        raise
+
+
+async def raise_after_start(scope, receive, send, q, rec):
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"partial", "more_body": True})
+    await asyncio.sleep(0.01)
+    raise RuntimeError("boom after start")
+
+
+async def stream_then_block(scope, receive, send, q, rec):
+    """Streams, then blocks the loop: Gunicorn's timeout aborts the worker."""
+    import time
+
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"first chunk\n", "more_body": True})
+    await asyncio.sleep(0.1)
+    time.sleep(float(q.get("secs", "30")))
+
+
+async def slow(scope, receive, send, q, rec):
+    await asyncio.sleep(float(q.get("secs", "2")))
+    await _text(send, b"late")
+
+
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
         while True:
@@ -160,5 +193,9 @@ async def app(scope, receive, send):
         "/no-body-status": no_body_status,
         "/cancelled": cancelled,
         "/task-facts": task_facts,
+        "/stream-forever": stream_forever,
+        "/raise-after-start": raise_after_start,
+        "/slow": slow,
+        "/stream-then-block": stream_then_block,
     }[path]
     await handler(scope, receive, send, q, rec)

@@ -41,6 +41,9 @@ pub(crate) enum Event {
     WsWake(Arc<WsShared>),
     /// Start or stop the lifespan protocol.
     Lifespan(LifespanCommand),
+    /// The server answered a request before the app saw it (400, 408, 413,
+    /// 414, 431, 503): its access-log line.
+    Access(Box<HttpRequest>, u16, u64),
     /// A log line from a Tokio thread, to be written through Python logging.
     Log(LogRecord),
     /// Reopen log files (SIGUSR1).

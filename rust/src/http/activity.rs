@@ -101,6 +101,9 @@ pub(crate) struct Activity {
     expired: AtomicU8,
     /// A request has started on this connection.
     served: AtomicBool,
+    /// The client shut its sending side down (a read returned end of
+    /// stream).
+    peer_eof: AtomicBool,
 }
 
 impl Activity {
@@ -128,6 +131,13 @@ impl Activity {
         self.expired.store(0, Ordering::Relaxed);
     }
 
+    /// Whether an end of stream now comes while a request is in progress:
+    /// its response is still owed (a half close), and a body it cuts
+    /// short is answered 400 by the service.
+    pub(crate) fn awaits_response(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn end_request(&self) {
         self.since_ms.store(clock_ms(), Ordering::Relaxed);
         self.busy.store(false, Ordering::Relaxed);
@@ -139,6 +149,16 @@ impl Activity {
     /// connections are closed at once).
     pub(crate) fn is_fresh(&self) -> bool {
         !self.served.load(Ordering::Relaxed) && !self.busy.load(Ordering::Relaxed)
+    }
+
+    /// The client's sending side is shut (see [`Activity::peer_eof`]).
+    pub(crate) fn on_eof(&self) {
+        self.peer_eof.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the client has shut its sending side down.
+    pub(crate) fn peer_eof(&self) -> bool {
+        self.peer_eof.load(Ordering::Relaxed)
     }
 
     /// A request is being served (its head parsed, its response not yet

@@ -48,6 +48,9 @@ impl StreamBody {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
         let shared = &*self.conn.shared;
         check_deadlines(&self.conn, &self.exch);
+        if self.conn.activity.peer_eof() {
+            self.exch.client_eof(shared);
+        }
         pump_body(
             cx,
             &self.exch,

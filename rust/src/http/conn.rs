@@ -95,21 +95,37 @@ pub(crate) struct ConnCtx {
     pub(crate) upgrade: Mutex<Option<Arc<WsShared>>>,
     /// The TLS session's facts, for the scope's `tls` extension.
     pub(crate) tls: Option<Box<TlsInfo>>,
+    /// hyper's read, parked on a hidden end of stream (see
+    /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
+    pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
 }
 
 /// Marks the connection busy for the lifetime of one request/response.
 pub(crate) struct BusyGuard(Arc<ConnCtx>);
 
 impl BusyGuard {
+    /// Takes over the request that [`head_parsed`] started.
     pub(crate) fn new(conn: &Arc<ConnCtx>) -> Self {
-        conn.activity.start_request();
         BusyGuard(Arc::clone(conn))
     }
+}
+
+/// A request head was parsed: the request is in progress from now (hyper
+/// reads on before it first polls the service, and an end of stream it
+/// reads then is a half close to hide, not an idle connection's end).
+fn head_parsed(ctx: &ConnCtx) {
+    ctx.activity.start_request();
 }
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
         self.0.activity.end_request();
+        if self.0.activity.peer_eof() {
+            // hyper may now read the end of stream it was not shown.
+            if let Some(w) = self.0.eof_waker.lock().take() {
+                w.wake();
+            }
+        }
     }
 }
 
@@ -202,6 +218,7 @@ pub(crate) async fn serve<I>(
         _permit: permit,
         upgrade: Mutex::new(None),
         tls,
+        eof_waker: Mutex::new(None),
     });
     let mut io = ConnIo {
         inner: io,
@@ -212,7 +229,10 @@ pub(crate) async fn serve<I>(
         let ctx = Arc::clone(&ctx);
         // Boxed: hyper's socket hand-back (`poll_without_shutdown`) needs an
         // `Unpin` service future.
-        service_fn(move |req| Box::pin(service::handle(req, Arc::clone(&ctx))))
+        service_fn(move |req| {
+            head_parsed(&ctx);
+            Box::pin(service::handle(req, Arc::clone(&ctx)))
+        })
     };
     let why = loop {
         // Parked (a new connection starts here): no hyper state at all.

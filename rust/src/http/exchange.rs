@@ -22,6 +22,7 @@ use http::header::{CONNECTION, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::bridge::waiter::Waiter;
 
@@ -101,6 +102,10 @@ pub(crate) struct ExchState {
     pub(crate) recv_waiters: VecDeque<Py<Waiter>>,
     /// The final `http.request` (`more_body` false) was delivered.
     pub(crate) request_complete: bool,
+    /// The client shut its sending side down: once the request is
+    /// delivered, `receive()` reports `http.disconnect` (the response can
+    /// still be written).
+    pub(crate) eof: bool,
     // ---- lifecycle
     /// The client went away (or the connection failed) before the response
     /// was fully written.
@@ -114,6 +119,18 @@ pub(crate) struct ExchState {
     pub(crate) rejected: Option<(StatusCode, &'static str)>,
     /// Request-body bytes read so far (for `max_body_size`).
     pub(crate) body_total: u64,
+    // ---- access log: one line per response written or started
+    /// The scope to log with (only when access logging is on; set by the
+    /// asyncio thread when the app starts, taken when the line is written).
+    pub(crate) access_scope: Option<Py<PyDict>>,
+    /// The status hyper was handed (0: none yet): the app's, or the
+    /// server's own answer to a rejected request.
+    pub(crate) wire_status: u16,
+    /// Body bytes handed to hyper so far.
+    pub(crate) wire_bytes: u64,
+    /// The server answered a request the app was serving (408/413/503):
+    /// its line is the asyncio thread's to write.
+    pub(crate) rejection_unlogged: bool,
 }
 
 /// Shared per-request state. See the module docs.
@@ -161,12 +178,27 @@ impl Exchange {
 
     /// Waits for the response head (the app's, or the server's own answer
     /// once the request was [rejected](Self::reject)).
-    pub(crate) fn poll_head(&self, cx: &mut Context<'_>) -> Poll<ResponseHead> {
+    pub(crate) fn poll_head(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        shared: &Shared,
+    ) -> Poll<ResponseHead> {
         let mut st = self.st.lock();
         if let Some(head) = st.head.take() {
+            st.wire_status = head.status.as_u16();
+            if let BodyOut::Full(b) = &head.body {
+                st.wire_bytes = b.len() as u64;
+            }
             return Poll::Ready(head);
         }
         if let Some((status, reason)) = st.rejected {
+            st.wire_status = status.as_u16();
+            st.wire_bytes = reason.len() as u64;
+            if st.access_scope.is_some() {
+                st.rejection_unlogged = true;
+                drop(st);
+                self.needs_python(shared);
+            }
             return Poll::Ready(ResponseHead::plain(status, reason));
         }
         register(&mut st.tokio_waker, cx);
@@ -184,6 +216,7 @@ impl Exchange {
         if let Some(chunk) = st.out.pop_front() {
             let was_full = st.out_bytes >= shared.config.send_buffer;
             st.out_bytes -= chunk.len();
+            st.wire_bytes += chunk.len() as u64;
             if was_full && st.out_bytes < shared.config.send_buffer && !st.send_waiters.is_empty() {
                 drop(st);
                 self.needs_python(shared);
@@ -254,6 +287,21 @@ impl Exchange {
     pub(crate) fn end_body(self: &Arc<Self>, shared: &Shared) {
         let mut st = self.st.lock();
         st.body_end = true;
+        let wake = !st.recv_waiters.is_empty();
+        drop(st);
+        if wake {
+            self.needs_python(shared);
+        }
+    }
+
+    /// The client shut its sending side down (maybe only that: a half
+    /// close). Wakes a `receive()` waiting past the request's end.
+    pub(crate) fn client_eof(self: &Arc<Self>, shared: &Shared) {
+        let mut st = self.st.lock();
+        if st.eof {
+            return;
+        }
+        st.eof = true;
         let wake = !st.recv_waiters.is_empty();
         drop(st);
         if wake {

@@ -109,10 +109,32 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
             self.conn.activity.on_bytes();
             return Poll::Ready(Ok(()));
         }
+        if self.conn.activity.peer_eof() {
+            if self.conn.activity.awaits_response() {
+                *self.conn.eof_waker.lock() = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
+        let room = buf.remaining() > 0;
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.conn.activity.on_bytes();
+        if matches!(res, Poll::Ready(Ok(()))) {
+            let activity = &self.conn.activity;
+            if buf.filled().len() > before {
+                activity.on_bytes();
+            } else if room {
+                activity.on_eof();
+                if activity.awaits_response() {
+                    // A half close after a complete request: hidden from
+                    // hyper (which would drop the request) until the
+                    // response is written; the app's receive() learns it
+                    // (`Exchange::client_eof`), polled once more now.
+                    *self.conn.eof_waker.lock() = Some(cx.waker().clone());
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
         }
         res
     }

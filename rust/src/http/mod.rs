@@ -75,6 +75,29 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
     }
 }
 
+/// Writes the access-log line of a request the server answered before
+/// the app saw it (on the asyncio thread).
+pub(crate) fn log_rejected(
+    py: Python<'_>,
+    ctx: &Arc<AppContext>,
+    req: &HttpRequest,
+    status: u16,
+    bytes: u64,
+) {
+    match scope::http_scope(py, ctx, req) {
+        Ok(scope) => protocol::write_access(
+            py,
+            ctx,
+            &scope.unbind(),
+            status,
+            py.None(),
+            bytes,
+            req.received,
+        ),
+        Err(e) => ctx.log_error(py, "could not build the HTTP scope", Some(&e)),
+    }
+}
+
 /// Handles a `Wake` event for an exchange (on the asyncio thread).
 pub(crate) fn wake(py: Python<'_>, ctx: &AppContext, exch: &exchange::Exchange) {
     protocol::on_wake(py, ctx, exch);

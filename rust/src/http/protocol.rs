@@ -50,9 +50,10 @@ struct ProtoState {
     declared: Option<u64>,
     /// The status allows no content (1xx, 204, 304).
     no_body: bool,
-    /// For the access log: the scope and the response headers as sent.
-    scope: Option<Py<PyDict>>,
+    /// For the access log: the response headers as sent.
     response_headers: Option<Py<PyAny>>,
+    /// Access logging is on (the scope waits in the exchange).
+    logging: bool,
 }
 
 /// `receive` and `send` callables for one HTTP request.
@@ -114,6 +115,15 @@ fn next_message<'py>(
         ex.request_complete = true;
         return request_message(py, b"", false).map(Some);
     }
+    if ex.eof && ex.request_complete {
+        // The client stopped sending after its request. An app that asks
+        // learns it as `http.disconnect` (uvicorn's answer), and from then
+        // on the client counts as gone (send() raises); one that does not
+        // ask answers a half-closed client normally (RFC 9112 §9.6).
+        ex.gone = true;
+        exch.resume_body(ex, shared);
+        return disconnect_message(py).map(Some);
+    }
     Ok(None)
 }
 
@@ -141,12 +151,23 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
             }
         }
     }
+    let rejected = std::mem::take(&mut ex.rejection_unlogged)
+        .then(|| {
+            ex.access_scope
+                .take()
+                .map(|s| (s, ex.wire_status, ex.wire_bytes))
+        })
+        .flatten();
     let mut send = Vec::new();
     let gone = ex.gone;
     if gone || ex.out_bytes < shared.config.send_buffer {
         send = std::mem::take(&mut ex.send_waiters);
     }
     drop(ex);
+    if let Some((scope, status, bytes)) = rejected {
+        // The server answered while the app was serving (408/413/503).
+        write_access(py, ctx, &scope, status, py.None(), bytes, None);
+    }
     for (w, msg) in recv {
         resolve(w.bind(py), msg);
     }
@@ -167,6 +188,10 @@ impl HttpProtocol {
         received: Option<Instant>,
         scope: Option<Py<PyDict>>,
     ) -> Self {
+        let logging = scope.is_some();
+        if logging {
+            exch.lock().access_scope = scope;
+        }
         Self {
             exch,
             head,
@@ -179,7 +204,7 @@ impl HttpProtocol {
                 sent: 0,
                 declared: None,
                 no_body: false,
-                scope,
+                logging,
                 response_headers: None,
             }),
         }
@@ -198,20 +223,38 @@ impl HttpProtocol {
                 resolve(w.bind(py), msg);
             }
         }
-        if let (Some(access), Some(scope)) = (&self.ctx.access_log, &st.scope) {
-            let headers = st
-                .response_headers
-                .as_ref()
-                .map(|h| h.clone_ref(py))
-                .unwrap_or_else(|| py.None());
-            let secs = self.received.map_or(0.0, |r| r.elapsed().as_secs_f64());
-            if let Err(e) =
-                access
-                    .bind(py)
-                    .call1((scope.bind(py), st.status, headers, st.sent, secs))
-            {
-                self.ctx.log_error(py, "access log failed", Some(&e));
-            }
+        let (status, sent) = (st.status, st.sent);
+        self.log_access(py, st, status, sent);
+    }
+
+    /// Writes the response's access-log line, once (later calls do
+    /// nothing): `status` and body bytes as they went to the wire.
+    fn log_access(&self, py: Python<'_>, st: &ProtoState, status: u16, sent: u64) {
+        if !st.logging {
+            return;
+        }
+        let Some(scope) = self.exch.lock().access_scope.take() else {
+            return;
+        };
+        let headers = st
+            .response_headers
+            .as_ref()
+            .filter(|_| status == st.status)
+            .map(|h| h.clone_ref(py))
+            .unwrap_or_else(|| py.None());
+        write_access(py, &self.ctx, &scope, status, headers, sent, self.received);
+    }
+
+    /// The response ended without the app completing it (the client left,
+    /// the app failed after the start, the server answered instead): its
+    /// line, with what reached the wire. Nothing written, no line.
+    fn log_wire(&self, py: Python<'_>, st: &ProtoState) {
+        let (status, bytes) = {
+            let ex = self.exch.lock();
+            (ex.wire_status, ex.wire_bytes)
+        };
+        if status != 0 {
+            self.log_access(py, st, status, bytes);
         }
     }
 
@@ -219,6 +262,13 @@ impl HttpProtocol {
     /// connection.
     fn fail(&self, py: Python<'_>, st: &mut ProtoState) {
         match st.phase {
+            Phase::Initial | Phase::Held if self.exch.lock().gone => {
+                // Nobody to answer (or the server answered already).
+                st.held = None;
+                st.phase = Phase::Done;
+                self.exch.lock().responded = true;
+                self.log_wire(py, st);
+            }
             Phase::Initial | Phase::Held => {
                 st.held = None;
                 st.status = 500;
@@ -234,6 +284,7 @@ impl HttpProtocol {
                 self.exch.abort(&self.ctx.shared);
                 st.phase = Phase::Done;
                 self.exch.lock().responded = true;
+                self.log_wire(py, st);
             }
             // The client has the whole response already.
             Phase::WireDone => self.finish(py, st),
@@ -321,6 +372,7 @@ impl HttpProtocol {
         if st.phase != Phase::Done && self.exch.lock().gone {
             // Nobody is left to answer: not an application error.
             st.phase = Phase::Done;
+            self.log_wire(py, &st);
             return;
         }
         if st.phase != Phase::Done {
@@ -366,6 +418,28 @@ impl HttpProtocol {
                 .log_error(py, "Exception in ASGI application", Some(&err));
         }
         self.fail(py, &mut st);
+    }
+}
+
+/// Calls the access logger: `access(scope, status, headers, size, seconds)`.
+pub(crate) fn write_access(
+    py: Python<'_>,
+    ctx: &AppContext,
+    scope: &Py<PyDict>,
+    status: u16,
+    headers: Py<PyAny>,
+    size: u64,
+    received: Option<Instant>,
+) {
+    let Some(access) = &ctx.access_log else {
+        return;
+    };
+    let secs = received.map_or(0.0, |r| r.elapsed().as_secs_f64());
+    if let Err(e) = access
+        .bind(py)
+        .call1((scope.bind(py), status, headers, size, secs))
+    {
+        ctx.log_error(py, "access log failed", Some(&e));
     }
 }
 
@@ -457,6 +531,7 @@ impl HttpProtocol {
             HttpSend::Start { status, headers } => {
                 if self.exch.lock().gone {
                     st.phase = Phase::Done;
+                    self.log_wire(py, &st);
                     return Err(ClientDisconnected::new_err("the client disconnected"));
                 }
                 if st.phase != Phase::Initial {
@@ -483,7 +558,7 @@ impl HttpProtocol {
                     declared
                 };
                 st.status = status.as_u16();
-                if st.scope.is_some() {
+                if st.logging {
                     let h = message.get_item(names(py).headers.bind(py)).ok();
                     st.response_headers = h.map(Bound::unbind);
                 }
@@ -510,6 +585,7 @@ impl HttpProtocol {
                 }
                 if self.exch.lock().gone {
                     st.phase = Phase::Done;
+                    self.log_wire(py, &st);
                     return Err(ClientDisconnected::new_err("the client disconnected"));
                 }
                 let mut body = body;

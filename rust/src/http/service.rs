@@ -90,6 +90,9 @@ async fn read_small_body(
                 None => {}
             }
             match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Pending if conn.activity.peer_eof() => {
+                    Poll::Ready(Err((StatusCode::BAD_REQUEST, "request body incomplete")))
+                }
                 Poll::Pending => {
                     conn.activity.body_wait(true);
                     Poll::Pending
@@ -163,6 +166,12 @@ pub(crate) fn pump_body(
                 conn.activity.body_wait(false);
                 exch.end_body(shared);
             }
+            Poll::Pending if conn.activity.peer_eof() => {
+                // The client ended its side before the body's end.
+                *incoming = None;
+                conn.activity.body_wait(false);
+                exch.reject(StatusCode::BAD_REQUEST, "request body incomplete", shared);
+            }
             Poll::Pending => {
                 conn.activity.body_wait(true);
                 return;
@@ -200,6 +209,31 @@ pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
     }
 }
 
+/// The server's own answer to a request the app never sees, with its
+/// access-log line when the access log is on.
+fn answer(
+    parts: http::request::Parts,
+    conn: &Arc<ConnCtx>,
+    received: Option<Instant>,
+    status: StatusCode,
+    reason: &'static str,
+    busy: BusyGuard,
+) -> Response<ResponseBody> {
+    if conn.shared.config.access_log {
+        conn.shared.queue.push(Event::Access(
+            Box::new(HttpRequest {
+                parts,
+                exch: Arc::new(Exchange::default()),
+                conn: Arc::clone(conn),
+                received,
+            }),
+            status.as_u16(),
+            reason.len() as u64,
+        ));
+    }
+    ResponseBody::plain(status, reason, busy)
+}
+
 /// Serves one request: see the module docs.
 pub(crate) async fn handle(
     req: Request<Incoming>,
@@ -212,7 +246,7 @@ pub(crate) async fn handle(
     let (mut parts, mut body) = req.into_parts();
     if let Err(r) = check_head(&parts, &shared.config.limits) {
         tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
-        return Ok(ResponseBody::plain(r.status, r.reason, busy));
+        return Ok(answer(parts, &conn, received, r.status, r.reason, busy));
     }
     if let Some(proxy) = &shared.config.proxy {
         // What a trusted proxy says about the client rides in the request's
@@ -222,7 +256,16 @@ pub(crate) async fn handle(
                 parts.extensions.insert(origin);
             }
             Ok(None) => {}
-            Err(reason) => return Ok(ResponseBody::plain(StatusCode::BAD_REQUEST, reason, busy)),
+            Err(reason) => {
+                return Ok(answer(
+                    parts,
+                    &conn,
+                    received,
+                    StatusCode::BAD_REQUEST,
+                    reason,
+                    busy,
+                ))
+            }
         }
     }
     if crate::websocket::handshake::is_upgrade(&parts) {
@@ -235,7 +278,10 @@ pub(crate) async fn handle(
     let max_body = shared.config.max_body_size;
     if max_body > 0 && body.size_hint().lower() > max_body {
         tracing::debug!("rejected a request from {:?}: body too large", conn.peer);
-        return Ok(ResponseBody::plain(
+        return Ok(answer(
+            parts,
+            &conn,
+            received,
             StatusCode::PAYLOAD_TOO_LARGE,
             "request body too large",
             busy,
@@ -251,7 +297,9 @@ pub(crate) async fn handle(
                     Ok(data) => (Arc::new(Exchange::with_complete_body(data)), None),
                     // The app never sees this request; hyper closes the
                     // connection after the answer (its body is unread).
-                    Err((status, reason)) => return Ok(ResponseBody::plain(status, reason, busy)),
+                    Err((status, reason)) => {
+                        return Ok(answer(parts, &conn, received, status, reason, busy))
+                    }
                 }
             }
             _ => (Arc::new(Exchange::default()), Some(body)),
@@ -271,8 +319,11 @@ pub(crate) async fn handle(
     })));
     let head = poll_fn(|cx| {
         check_deadlines(&conn, &exch);
+        if conn.activity.peer_eof() {
+            exch.client_eof(shared);
+        }
         pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
-        exch.poll_head(cx)
+        exch.poll_head(cx, &conn.shared)
     })
     .await;
     conn.activity.responded();

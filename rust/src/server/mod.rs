@@ -75,6 +75,11 @@ impl Shared {
         h1.timer(TokioTimer::new())
             // Skirr runs its own idle and head-read timers (see http::conn).
             .header_read_timeout(None)
+            // hyper's own `half_close` stops it from noticing a client
+            // that leaves mid-request; Skirr keeps hyper's detection and
+            // hides only an end of stream after a complete request
+            // (`ConnIo::poll_read`), so a half-closed client still gets its
+            // response (RFC 9112 §9.6).
             .keep_alive(true);
         if config.max_head_size > 0 {
             // hyper stops buffering an incomplete head at `max_buf_size`
@@ -240,6 +245,9 @@ impl Server {
             for event in events.drain(..) {
                 match event {
                     Event::Http(req) => crate::http::start(py, &self.ctx, req),
+                    Event::Access(req, status, bytes) => {
+                        crate::http::log_rejected(py, &self.ctx, &req, status, bytes)
+                    }
                     Event::Wake(exch) => {
                         exch.unqueue();
                         crate::http::wake(py, &self.ctx, &exch);

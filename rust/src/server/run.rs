@@ -164,9 +164,13 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
         Stop::Quick(_) => true,
         Stop::Graceful(_) => {
             shared.connections.order_all(Order::Drain);
+            // The whole stop fits in `graceful_timeout` (Gunicorn's master
+            // sends SIGKILL when it ends): WebSockets get their 1001 and
+            // close handshake before it, not after.
+            let grace = GOING_AWAY_GRACE.min(cfg.graceful_timeout / 4);
             tokio::select! {
                 _ = tracker.wait() => false,
-                _ = tokio::time::sleep(cfg.graceful_timeout) => {
+                _ = tokio::time::sleep(cfg.graceful_timeout.saturating_sub(grace)) => {
                     tracing::warn!(
                         "graceful timeout ({:?}) reached: closing {} connection(s)",
                         cfg.graceful_timeout,
@@ -175,7 +179,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
                     // WebSockets get close 1001 and a moment for the close
                     // handshake; HTTP connections close now.
                     shared.connections.order_all(Order::GoingAway);
-                    let _ = tokio::time::timeout(GOING_AWAY_GRACE, tracker.wait()).await;
+                    let _ = tokio::time::timeout(grace, tracker.wait()).await;
                     false
                 }
                 _ = next_quick(&mut stop_rx) => true,
