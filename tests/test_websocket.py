@@ -369,7 +369,9 @@ def test_sigterm_closes_websockets_with_1001_after_the_drain_deadline():
             s.send_signal(signal.SIGTERM)
             code, _ = c.read_close()
             assert code == 1001
-            assert time.monotonic() - t0 >= 0.4, "WebSockets keep going until the drain deadline"
+            # The deadline keeps a quarter of graceful_timeout (at most 2 s)
+            # for the close handshake, inside Gunicorn's SIGKILL limit.
+            assert time.monotonic() - t0 >= 0.3, "WebSockets keep going until the drain deadline"
             c.send(frame(CLOSE, close_payload(1001)))
         assert s.wait(15) == 0
 

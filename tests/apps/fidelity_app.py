@@ -158,6 +158,13 @@ async def stream_then_block(scope, receive, send, q, rec):
     time.sleep(float(q.get("secs", "30")))
 
 
+async def conn_header(scope, receive, send, q, rec):
+    headers = [(b"content-type", b"text/event-stream"), (b"connection", q["value"].encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"data: x\n\n", "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def slow(scope, receive, send, q, rec):
     await asyncio.sleep(float(q.get("secs", "2")))
     await _text(send, b"late")
@@ -196,6 +203,7 @@ async def app(scope, receive, send):
         "/stream-forever": stream_forever,
         "/raise-after-start": raise_after_start,
         "/slow": slow,
+        "/conn-header": conn_header,
         "/stream-then-block": stream_then_block,
     }[path]
     await handler(scope, receive, send, q, rec)

@@ -5,7 +5,7 @@
 //! wrong type, `RuntimeError` when it has a forbidden value.
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::header::{HeaderName, HeaderValue, CONNECTION, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
@@ -115,7 +115,8 @@ pub(crate) fn is(t: &Bound<'_, PyString>, name: &Py<PyString>) -> bool {
 /// One `(name, value)` header pair into `map`.
 ///
 /// `Transfer-Encoding` is dropped: the server owns message framing (it picks
-/// `Content-Length`, chunked, or close-delimited per RFC 9112 §6).
+/// `Content-Length`, chunked, or close-delimited per RFC 9112 §6), and
+/// `Connection` is kept only as `close` (RFC 9110 §7.6.1).
 fn add_header(
     map: &mut HeaderMap,
     name: &Bound<'_, PyAny>,
@@ -148,7 +149,19 @@ fn add_header(
             hn.as_str()
         ))
     })?;
-    if hn != TRANSFER_ENCODING {
+    if hn == CONNECTION {
+        // The connection is the server's to manage: an app's `close` is
+        // honoured, anything else (SSE libraries send `keep-alive`) would
+        // contradict the server's own framing, and is dropped (as
+        // uvicorn does).
+        if hv
+            .as_bytes()
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+        {
+            map.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+    } else if hn != TRANSFER_ENCODING {
         map.append(hn, hv);
     }
     Ok(())
