@@ -104,6 +104,9 @@ pub(crate) struct Activity {
     /// The client shut its sending side down (a read returned end of
     /// stream).
     peer_eof: AtomicBool,
+    /// The request in progress is plain HTTP (not a WebSocket handshake,
+    /// whose client leaving must reach the app at once).
+    plain_http: AtomicBool,
 }
 
 impl Activity {
@@ -135,7 +138,13 @@ impl Activity {
     /// its response is still owed (a half close), and a body it cuts
     /// short is answered 400 by the service.
     pub(crate) fn awaits_response(&self) -> bool {
-        self.busy.load(Ordering::Relaxed)
+        self.busy.load(Ordering::Relaxed) && self.plain_http.load(Ordering::Relaxed)
+    }
+
+    /// Whether the request in progress is plain HTTP (see
+    /// [`Activity::awaits_response`]).
+    pub(crate) fn set_plain_http(&self, plain: bool) {
+        self.plain_http.store(plain, Ordering::Relaxed);
     }
 
     pub(crate) fn end_request(&self) {

@@ -113,8 +113,10 @@ impl BusyGuard {
 /// A request head was parsed: the request is in progress from now (hyper
 /// reads on before it first polls the service, and an end of stream it
 /// reads then is a half close to hide, not an idle connection's end).
-fn head_parsed(ctx: &ConnCtx) {
+fn head_parsed(ctx: &ConnCtx, req: &hyper::Request<hyper::body::Incoming>) {
     ctx.activity.start_request();
+    ctx.activity
+        .set_plain_http(!req.headers().contains_key(http::header::UPGRADE));
 }
 
 impl Drop for BusyGuard {
@@ -230,7 +232,7 @@ pub(crate) async fn serve<I>(
         // Boxed: hyper's socket hand-back (`poll_without_shutdown`) needs an
         // `Unpin` service future.
         service_fn(move |req| {
-            head_parsed(&ctx);
+            head_parsed(&ctx, &req);
             Box::pin(service::handle(req, Arc::clone(&ctx)))
         })
     };
