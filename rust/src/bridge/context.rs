@@ -30,6 +30,9 @@ pub(crate) struct AppContext {
     /// Tasks that suspended and have not finished, by object address: what
     /// shutdown cancels.
     pub(crate) tasks: Mutex<HashMap<usize, Py<PyAny>>>,
+    /// The loop keeps its task factory in `_task_factory` (asyncio's loops;
+    /// uvloop has only the method).
+    factory_attr: bool,
     /// Set once shutdown cancels the tasks left (see
     /// [`cancel_all`](crate::bridge::task::cancel_all)).
     pub(crate) cancelling: AtomicBool,
@@ -109,6 +112,7 @@ impl AppContext {
             done: done.unbind(),
             tasks: Mutex::new(HashMap::new()),
             cancelling: AtomicBool::new(false),
+            factory_attr: lp.hasattr("_task_factory").unwrap_or(false),
             http_template: t.unbind(),
             ws_template: ws_template.unbind(),
             asgi_lifespan: asgi_lifespan.unbind(),
@@ -136,12 +140,17 @@ impl AppContext {
         self.cancelling.load(Ordering::Relaxed)
     }
 
-    /// Whether the loop has a task factory (`loop.get_task_factory()`).
+    /// Whether the loop has a task factory (`loop.get_task_factory()`;
+    /// asyncio's own loops keep it in `_task_factory`, read without the
+    /// method call on every request).
     pub(crate) fn has_task_factory(&self, py: Python<'_>) -> bool {
-        self.event_loop
-            .bind(py)
-            .call_method0(pyo3::intern!(py, "get_task_factory"))
-            .is_ok_and(|f| !f.is_none())
+        let lp = self.event_loop.bind(py);
+        let factory = if self.factory_attr {
+            lp.getattr(pyo3::intern!(py, "_task_factory"))
+        } else {
+            lp.call_method0(pyo3::intern!(py, "get_task_factory"))
+        };
+        factory.is_ok_and(|f| !f.is_none())
     }
 
     /// Whether a warning with this `key` is new (and now remembered).
