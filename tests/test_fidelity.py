@@ -192,3 +192,14 @@ def test_an_apps_connection_header_never_contradicts_the_server(server):
         r = c.read_response()
         assert r.all("connection") == ["close"], r.headers
         assert c.is_closed()
+
+
+def test_head_of_a_streamed_file_response_completes_for_the_app(server):
+    # Starlette's StreamingResponse and Django's FileResponse stream on HEAD
+    # too: the body is dropped, the app's sends all succeed.
+    with RawConn(server.port) as c:
+        c.send(b"HEAD /file?id=head&size=300000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = c.read_until(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"content-length: 300000" in head.lower()
+        c.send(b"GET /seen?id=head HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert json.loads(c.read_response().body) == {"completed": True}

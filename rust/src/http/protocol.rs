@@ -353,12 +353,18 @@ impl HttpProtocol {
         let mut st = self.st.lock();
         if st.phase == Phase::Held {
             if let Some((status, headers)) = st.held.take() {
-                st.phase = Phase::Streaming;
+                // A HEAD response is complete with its head.
+                let (phase, body) = if self.head {
+                    (Phase::WireDone, BodyOut::Full(Bytes::new()))
+                } else {
+                    (Phase::Streaming, BodyOut::Stream)
+                };
+                st.phase = phase;
                 self.exch.respond(
                     ResponseHead {
                         status,
                         headers,
-                        body: BodyOut::Stream,
+                        body,
                     },
                     &self.ctx.shared,
                 );
@@ -589,7 +595,10 @@ impl HttpProtocol {
                     return Err(ClientDisconnected::new_err("the client disconnected"));
                 }
                 let mut body = body;
-                if st.no_body && !body.is_empty() && !self.head {
+                if self.head {
+                    // HEAD: the head is the whole answer (RFC 9110 §9.3.2).
+                    body = Bytes::new();
+                } else if st.no_body && !body.is_empty() {
                     self.warn_dropped_body(py, st.status, body.len());
                     body = Bytes::new();
                 }
@@ -617,7 +626,7 @@ impl HttpProtocol {
                 // The chunk that reaches the declared length ends the wire
                 // message even while `more_body` is true: hyper stops
                 // polling the body there.
-                let wire_end = !more_body || st.declared == Some(total);
+                let wire_end = !more_body || st.declared == Some(total) || self.head;
                 if st.phase == Phase::Held {
                     let (status, headers) = st.held.take().unwrap_or_default();
                     if wire_end {
