@@ -194,7 +194,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("body_prefetch", 65536, _nonneg_int, "read request bodies up to this size before starting the app (bytes)"),
     Option("body_chunk_size", 65536, _pos_int, "largest body chunk handed to the app in one http.request (bytes)"),
     Option("body_buffer", 262144, _pos_int, "request body read ahead of the app before reading pauses (bytes)"),
-    Option("send_buffer", 262144, _pos_int, "response body queued before send() waits for the client (bytes)"),
+    Option(
+        "send_buffer",
+        262144,
+        _pos_int,
+        "response body (or WebSocket messages) queued before send() waits for the client (bytes)",
+    ),
     Option(
         "ws_max_message_size",
         16 * 1024 * 1024,

@@ -61,8 +61,9 @@ pub struct Config {
     /// Request-body bytes read ahead of the app before reading pauses
     /// (backpressure to the client). Default 256 KiB.
     pub body_buffer: usize,
-    /// Response-body bytes queued by `send()` before it waits for the client
-    /// (backpressure to the app). Default 256 KiB.
+    /// Response-body bytes (or WebSocket message bytes) queued by `send()`
+    /// before it waits for the client (backpressure to the app). Default
+    /// 256 KiB.
     pub send_buffer: usize,
     /// Parent process id to watch: if it changes, the worker shuts down.
     pub parent_pid: Option<u32>,
@@ -79,7 +80,8 @@ pub struct Config {
     /// A ping unanswered this long closes the connection (1011). Default 20 s.
     pub ws_ping_timeout: Duration,
     /// Messages queued per direction before reading (client → app) or
-    /// `send()` (app → client) waits. Default 32.
+    /// `send()` (app → client, also bounded by `send_buffer` bytes) waits.
+    /// Default 32.
     pub ws_max_queue: usize,
     /// Request line and header field size limits (414, 431); see
     /// [`Limits`]. Gunicorn's `limit_request_line` (4094) and

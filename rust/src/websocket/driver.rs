@@ -30,7 +30,7 @@ use tungstenite::{Error, Message};
 use crate::http::conn::ConnCtx;
 use crate::http::io::ConnIo;
 use crate::server::connections::{Member, Order};
-use crate::websocket::shared::{register, WsShared, ABNORMAL, NO_STATUS};
+use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
 
 /// The socket after the 101, with any bytes hyper had read ahead replayed.
 trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -106,7 +106,6 @@ impl Driver {
     /// Writes what the app queued. `Err` ends the connection.
     fn write(&mut self, ws: &mut Ws, cx: &mut Context<'_>) -> Result<(), ()> {
         let shared = &*self.conn.shared;
-        let limit = shared.config.ws_max_queue;
         loop {
             let msg = {
                 let mut st = self.ws.lock();
@@ -116,16 +115,18 @@ impl Driver {
                 }
                 if self.close_sent || self.peer_closed {
                     // Nothing may follow a close frame.
-                    st.outbound.clear();
+                    st.clear_outbound();
                     break;
                 }
+                // tungstenite holds one message at a time: the next is taken
+                // only once the previous one is flushed to the socket.
                 match Pin::new(&mut *ws).poll_ready(cx) {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(_)) => return Err(()),
                     Poll::Pending => break,
                 }
-                let msg = st.outbound.pop_front();
-                let wake_app = st.outbound.len() + 1 == limit && !st.send_waiters.is_empty();
+                let msg = st.pop_outbound();
+                let wake_app = !st.send_waiters.is_empty() && has_room(&st, &shared.config);
                 drop(st);
                 if wake_app {
                     self.ws.needs_python(shared);
@@ -167,7 +168,7 @@ impl Driver {
                     Message::Text(_) | Message::Binary(_) => {
                         let mut st = self.ws.lock();
                         st.inbound.push_back(msg);
-                        let wake = st.recv_waiter.is_some();
+                        let wake = !st.recv_waiters.is_empty();
                         drop(st);
                         if wake {
                             self.ws.needs_python(&shared);
@@ -277,7 +278,7 @@ impl Driver {
             let code = *code;
             let idle = {
                 let st = self.ws.lock();
-                st.inbound.is_empty() && st.outbound.is_empty() && st.recv_waiter.is_some()
+                st.inbound.is_empty() && st.outbound.is_empty() && !st.recv_waiters.is_empty()
             };
             if idle || timer.as_mut().poll(cx).is_ready() {
                 self.failing = None;
