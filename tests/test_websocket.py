@@ -490,6 +490,77 @@ def test_many_tasks_sending_to_a_stuck_client_are_held_back_without_copies():
         assert _sent(s)["many"] == 1000
 
 
+def _flood(c: WsConn, n: int = 200) -> None:
+    """Sends up to n messages without blocking: the client keeps talking."""
+    c.sock.setblocking(False)
+    try:
+        for _ in range(n):
+            c.sock.send(frame(TEXT, b"x" * 1000))
+    except BlockingIOError:
+        pass
+    finally:
+        c.sock.setblocking(True)
+        c.sock.settimeout(10)
+
+
+def _answer_close_and_see_eof(c: WsConn, within: float) -> tuple[int, str]:
+    """Reads to the server's close frame, answers it, and checks the server
+    then closes TCP cleanly (EOF, not a reset) within ``within`` seconds."""
+    code, reason = c.read_close()
+    t0 = time.monotonic()
+    c.send(frame(CLOSE, close_payload(code)))
+    c.sock.settimeout(within + 1)
+    try:
+        assert c.sock.recv(1) == b"", "nothing may follow the close frame"
+    except ConnectionResetError:
+        pytest.fail("the server reset the connection instead of closing it after the close handshake")
+    assert time.monotonic() - t0 < within, "the server waited for its close timeout"
+    return code, reason
+
+
+def test_app_close_after_a_large_message_reaches_a_real_client_cleanly(server):
+    async def go(code):
+        url = f"ws://127.0.0.1:{server.port}/send-then-close?size=1048576&code={code}&reason=bye"
+        async with websockets.connect(url, max_size=None) as ws:
+            big = await ws.recv()
+            with pytest.raises(websockets.ConnectionClosed) as e:
+                await ws.recv()
+            return big, e.value
+
+    big, closed = run(go(1000))
+    assert big == b"m" * 1048576
+    assert isinstance(closed, websockets.ConnectionClosedOK)
+    assert (closed.rcvd.code, closed.rcvd.reason) == (1000, "bye")
+    big, closed = run(go(4002))
+    assert len(big) == 1048576
+    assert (closed.rcvd.code, closed.rcvd.reason) == (4002, "bye")
+    assert closed.sent is not None and closed.sent.code == 4002, "the close handshake completed"
+
+
+def test_app_close_while_the_client_keeps_sending_ends_without_a_reset(server):
+    with WsConn(server.port) as c:
+        c.handshake("/send-then-close?size=1048576&reason=bye&tag=busy")
+        _flood(c)  # more than ws_max_queue messages the app never reads
+        op, fin, payload = c.read_frame()
+        assert (op, fin, len(payload)) == (BINARY, True, 1048576)
+        assert _answer_close_and_see_eof(c, within=2) == (1000, "bye")
+    got = wait_until(lambda: [e for e in events(server) if e.get("tag") == "busy"], what="app's disconnect")
+    assert got[0] == {"closed_by_app": "websocket.disconnect", "code": 1000, "tag": "busy"}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT])
+def test_shutdown_going_away_waits_for_the_peers_close_while_it_keeps_sending(sig):
+    with skirr(APP, "--no-access-log", "--graceful-timeout", "0.3") as s:
+        with WsConn(s.port) as c:
+            c.handshake("/slow-reader?secs=30")  # an app that reads nothing
+            _flood(c)
+            time.sleep(0.2)
+            s.send_signal(sig)
+            code, reason = _answer_close_and_see_eof(c, within=1.5)
+            assert (code, reason) == (1001, "server shutting down")
+        assert s.wait(15) == 0
+
+
 # ------------------------------------------------------------------ shutdown
 
 

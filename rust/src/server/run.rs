@@ -36,6 +36,8 @@ const PARENT_CHECK: Duration = Duration::from_millis(250);
 const ABORT_GRACE: Duration = Duration::from_millis(500);
 /// After close 1001 went out, how long WebSocket peers get to answer it.
 const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);
+/// The same on a quick stop (SIGQUIT; SIGINT under Gunicorn).
+const QUICK_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 async fn next_stop(rx: &mut watch::Receiver<Option<Stop>>) -> Stop {
     loop {
@@ -183,9 +185,11 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
         }
     };
     if quick {
-        // Best effort: close frames go out with the connections.
+        // WebSockets get close 1001 and a moment for the peer's reply (a
+        // socket closed before it is read resets the connection); HTTP
+        // connections close now.
         shared.connections.order_all(Order::GoingAway);
-        tokio::task::yield_now().await;
+        let _ = tokio::time::timeout(QUICK_CLOSE_GRACE, tracker.wait()).await;
     }
     shared.connections.order_all(Order::Abort);
     let _ = tokio::time::timeout(ABORT_GRACE, tracker.wait()).await;

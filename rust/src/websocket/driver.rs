@@ -68,6 +68,8 @@ struct Driver {
     conn: Arc<ConnCtx>,
     /// We sent a close frame (the app's, or ours after an error).
     close_sent: bool,
+    /// The close frame we sent was the app's `websocket.close`.
+    app_closed: bool,
     /// The code and reason the app will see in `websocket.disconnect`.
     outcome: Option<(u16, String)>,
     /// Deadline for the peer's close reply, once we sent ours.
@@ -136,6 +138,7 @@ impl Driver {
             let Some(msg) = msg else { break };
             if let Message::Close(frame) = &msg {
                 self.close_sent = true;
+                self.app_closed = true;
                 let (code, reason) = frame
                     .as_ref()
                     .map(|f| (u16::from(f.code), f.reason.to_string()))
@@ -159,14 +162,21 @@ impl Driver {
         let shared = Arc::clone(&self.conn.shared);
         let limit = shared.config.ws_max_queue;
         loop {
-            if self.ws.lock().inbound.len() >= limit {
-                // Backpressure: stop reading until the app catches up.
+            // Backpressure: stop reading until the app catches up; but once
+            // our close frame is out, read on to the peer's (so the socket
+            // closes cleanly, never with unread data, which is a reset).
+            if !self.close_sent && self.ws.lock().inbound.len() >= limit {
                 return Poll::Pending;
             }
             match Pin::new(&mut *ws).poll_next(cx) {
                 Poll::Ready(Some(Ok(msg))) => match msg {
                     Message::Text(_) | Message::Binary(_) => {
                         let mut st = self.ws.lock();
+                        if self.app_closed || st.inbound.len() >= limit {
+                            // After our close: the app closed (it reads no
+                            // more, as in uvicorn), or it is not keeping up.
+                            continue;
+                        }
                         st.inbound.push_back(msg);
                         let wake = !st.recv_waiters.is_empty();
                         drop(st);
@@ -351,6 +361,7 @@ pub(crate) async fn run<I>(
         ws: Arc::clone(&ws),
         conn: Arc::clone(conn),
         close_sent: false,
+        app_closed: false,
         outcome: None,
         close_timer: None,
         ping: Ping::Idle,
