@@ -306,6 +306,12 @@ OPTIONS: tuple[Option, ...] = (
         "ssl_ciphers", None, _optional_str, "colon-separated cipher suite names (default: rustls's)", gunicorn="ciphers"
     ),
     Option(
+        "tls_handshake_timeout",
+        10.0,
+        _seconds,
+        "close a TLS connection whose handshake is not done within this (seconds; 0: never)",
+    ),
+    Option(
         "ssl_version",
         [],
         _tls_versions,

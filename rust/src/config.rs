@@ -109,6 +109,10 @@ pub struct Config {
     pub proxy: Option<ProxyConfig>,
     /// TLS termination; `None` serves plain HTTP. Set by `ssl_certfile`.
     pub tls: Option<TlsSettings>,
+    /// A TLS client must finish its handshake within this of being
+    /// accepted, or the connection is closed (it holds a connection slot
+    /// meanwhile). Zero disables. Default 10 s.
+    pub tls_handshake_timeout: Duration,
     /// PROXY protocol headers expected from trusted load balancers;
     /// `None` (the default) expects none.
     pub proxy_protocol: Option<ProxyProtocol>,
@@ -194,6 +198,7 @@ impl Default for Config {
             response_start_timeout: Duration::ZERO,
             proxy: Some(default_proxy()),
             tls: None,
+            tls_handshake_timeout: Duration::from_secs(10),
             proxy_protocol: None,
         }
     }
@@ -326,6 +331,7 @@ impl Config {
                     }
                 }
                 "proxy_allow_ips" => pp_allow = str_list(&v, key)?.join(","),
+                "tls_handshake_timeout" => c.tls_handshake_timeout = secs(&v, key)?,
                 "ssl_certfile" => tls.certfile = v.extract::<Option<String>>()?.unwrap_or_default(),
                 "ssl_keyfile" => tls.keyfile = v.extract::<Option<String>>()?.unwrap_or_default(),
                 "ssl_ca_certs" => tls.ca_certs = v.extract()?,
