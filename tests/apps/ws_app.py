@@ -134,7 +134,9 @@ async def app(scope, receive, send):
             while True:
                 m = await receive()
                 if m["type"] == "websocket.disconnect":
-                    record({"receiver_done": tag, "code": m["code"], "reason": m.get("reason", ""), "tag": q.get("tag")})
+                    record(
+                        {"receiver_done": tag, "code": m["code"], "reason": m.get("reason", ""), "tag": q.get("tag")}
+                    )
                     return
                 got.append(m["text"])
                 await send({"type": "websocket.send", "text": f"{len(got)}:{tag}:{m['text']}"})

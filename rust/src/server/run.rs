@@ -2,6 +2,7 @@
 //! signal → stop accepting → drain in-flight requests (bounded by the
 //! graceful timeout) → lifespan shutdown → return.
 
+use std::future::poll_fn;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use crate::bridge::queue::Event;
 use crate::lifespan;
 use crate::server::connections::Order;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
-use crate::server::{Shared, Stop};
+use crate::server::{signals, Shared, Stop};
 
 /// Why serving ended in error.
 #[derive(Debug)]
@@ -65,16 +66,24 @@ async fn next_quick(rx: &mut watch::Receiver<Option<Stop>>) {
 /// standalone (a second one is quick), quick under Gunicorn. SIGQUIT:
 /// quick. SIGUSR1: reopen log files. SIGABRT (Gunicorn's timeout): the
 /// signal hook, then exit 1. INT, QUIT and ABRT run the signal hook first.
+/// Signals the app registers later are forwarded to the loop (see
+/// [`signals`](crate::server::signals)).
 fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut quit = signal(SignalKind::quit())?;
     let mut usr1 = signal(SignalKind::user_defined1())?;
     let mut abrt = signal(SignalKind::from_raw(libc::SIGABRT))?;
+    let mut requests = shared.signals.take_receiver();
+    let mut forwarded = Vec::new();
     tokio::spawn(async move {
         let mut interrupted = false;
         loop {
             tokio::select! {
+                Some(s) = async { requests.as_mut()?.recv().await } => forwarded.push(s),
+                n = poll_fn(|cx| signals::poll_forwarded(&mut forwarded, cx)) => {
+                    shared.signals.arrived(n, &shared.queue);
+                }
                 Some(()) = term.recv() => shared.request_stop(Stop::Graceful("SIGTERM")),
                 Some(()) = int.recv() => {
                     shared.signal_hook("SIGINT");
