@@ -503,10 +503,21 @@ def _flood(c: WsConn, n: int = 200) -> None:
         c.sock.settimeout(10)
 
 
-def _answer_close_and_see_eof(c: WsConn, within: float) -> tuple[int, str]:
-    """Reads to the server's close frame, answers it, and checks the server
-    then closes TCP cleanly (EOF, not a reset) within ``within`` seconds."""
+def _answer_close_and_see_eof(c: WsConn, within: float, delay: float = 0.0) -> tuple[int, str]:
+    """Reads to the server's close frame, answers it (after ``delay``), and
+    checks the server then closes TCP cleanly (EOF, not a reset) within
+    ``within`` seconds."""
     code, reason = c.read_close()
+    time.sleep(delay)  # a client slow to answer
+    # The server still waits for the reply: no EOF yet.
+    c.sock.setblocking(False)
+    try:
+        early = c.sock.recv(1, socket.MSG_PEEK)
+        pytest.fail(f"the server closed before the peer's close frame ({early!r})")
+    except BlockingIOError:
+        pass
+    finally:
+        c.sock.setblocking(True)
     t0 = time.monotonic()
     c.send(frame(CLOSE, close_payload(code)))
     c.sock.settimeout(within + 1)
@@ -559,6 +570,21 @@ def test_shutdown_going_away_waits_for_the_peers_close_while_it_keeps_sending(si
             code, reason = _answer_close_and_see_eof(c, within=1.5)
             assert (code, reason) == (1001, "server shutting down")
         assert s.wait(15) == 0
+
+
+def test_gunicorn_shutdown_fits_the_close_handshake_inside_the_masters_deadline():
+    from harness import gunicorn
+
+    # The master kills the worker at --graceful-timeout: the 1001 and the
+    # peer's reply must both happen before that.
+    with gunicorn(APP, "-w", "1", "--graceful-timeout", "1") as g:
+        with WsConn(g.port) as c:
+            assert c.handshake("/idle").status == 101
+            g.send_signal(signal.SIGTERM)
+            code, _ = _answer_close_and_see_eof(c, within=1.0, delay=0.3)
+            assert code == 1001
+        assert g.wait(15) == 0
+        assert "SIGKILL" not in g.logs()
 
 
 # ------------------------------------------------------------------ shutdown

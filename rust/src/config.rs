@@ -44,6 +44,8 @@ pub struct Config {
     /// sent its first byte (slowloris guard). Default 30 s.
     pub header_read_timeout: Duration,
     /// On SIGTERM, in-flight requests get this long to finish. Default 30 s.
+    /// Under Gunicorn (`parent_pid` set) the WebSocket close handshake
+    /// comes out of it, see `run::drain_deadlines`.
     pub graceful_timeout: Duration,
     /// Stop (and let the master re-fork) after this many requests; 0 = never.
     pub max_requests: u64,

@@ -40,6 +40,22 @@ const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);
 /// The same on a quick stop (SIGQUIT; SIGINT under Gunicorn).
 const QUICK_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// How long a graceful stop drains, then how long WebSockets get for the
+/// close handshake after their 1001. Standalone: `graceful_timeout`, then
+/// [`GOING_AWAY_GRACE`]. Under Gunicorn (a `parent_pid` to watch) the
+/// master kills the worker at `graceful_timeout`, so both fit inside it:
+/// the handshake gets up to half of it, at most `GOING_AWAY_GRACE`.
+fn drain_deadlines(cfg: &crate::config::Config) -> (Duration, Duration) {
+    let total = cfg.graceful_timeout;
+    match cfg.parent_pid {
+        Some(_) => {
+            let grace = GOING_AWAY_GRACE.min(total / 2);
+            (total - grace, grace)
+        }
+        None => (total, GOING_AWAY_GRACE),
+    }
+}
+
 async fn next_stop(rx: &mut watch::Receiver<Option<Stop>>) -> Stop {
     loop {
         if let Some(s) = *rx.borrow_and_update() {
@@ -174,10 +190,11 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     let quick = match stop {
         Stop::Quick(_) => true,
         Stop::Graceful(_) => {
+            let (drain, close_grace) = drain_deadlines(cfg);
             shared.connections.order_all(Order::Drain);
             tokio::select! {
                 _ = tracker.wait() => false,
-                _ = tokio::time::sleep(cfg.graceful_timeout) => {
+                _ = tokio::time::sleep(drain) => {
                     tracing::warn!(
                         "graceful timeout ({:?}) reached: closing {} connection(s)",
                         cfg.graceful_timeout,
@@ -186,7 +203,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
                     // WebSockets get close 1001 and a moment for the close
                     // handshake; HTTP connections close now.
                     shared.connections.order_all(Order::GoingAway);
-                    let _ = tokio::time::timeout(GOING_AWAY_GRACE, tracker.wait()).await;
+                    let _ = tokio::time::timeout(close_grace, tracker.wait()).await;
                     false
                 }
                 _ = next_quick(&mut stop_rx) => true,

@@ -120,7 +120,7 @@ fn next_message<'py>(
 }
 
 /// Handles a `WsWake` event (asyncio thread): completes what can complete.
-pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, ws: &WsShared) {
+pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, ws: &Arc<WsShared>) {
     deliver_received(py, ctx, ws);
     admit_sends(py, ctx, ws);
 }
@@ -146,31 +146,41 @@ fn prune<T>(q: &mut VecDeque<T>, live: impl Fn(&T) -> bool) -> Vec<T> {
 /// Hands messages, then the disconnect, to the pending `receive()` calls,
 /// oldest first. One at a time, without the lock: completing a waiter may
 /// step its task at once (see `bridge::waiter`), and that task may call
-/// `receive()` again (it queues behind the others).
-fn deliver_received(py: Python<'_>, ctx: &AppContext, ws: &WsShared) {
-    loop {
+/// `receive()` again (it queues behind the others). At most as many as
+/// waited when this began: a call queued meanwhile is served on the next
+/// wake, so tasks that keep receiving cannot hold the loop here.
+fn deliver_received(py: Python<'_>, ctx: &AppContext, ws: &Arc<WsShared>) {
+    let mut budget = ws.lock().recv_waiters.len();
+    while budget > 0 {
+        budget -= 1;
         let mut st = ws.lock();
         let stale = pop_cancelled(py, &mut st.recv_waiters);
-        if st.recv_waiters.is_empty() {
-            drop(st);
-            drop(stale);
-            return;
-        }
-        let m = match next_message(py, &mut st, ctx) {
-            Ok(Some(m)) => m,
-            Ok(None) => return,
-            Err(e) => {
-                drop(st);
+        let next = match st.recv_waiters.is_empty() {
+            true => Ok(None),
+            false => next_message(py, &mut st, ctx),
+        };
+        let w = match &next {
+            Ok(Some(_)) => st.recv_waiters.pop_front(),
+            _ => None,
+        };
+        drop(st);
+        drop(stale);
+        match (next, w) {
+            (Ok(Some(m)), Some(w)) => {
+                resolve(w.bind(py), m);
+            }
+            (Err(e), _) => {
                 ctx.log_error(py, "could not build a websocket message", Some(&e));
                 return;
             }
-        };
-        let w = st.recv_waiters.pop_front();
-        drop(st);
-        drop(stale);
-        if let Some(w) = w {
-            resolve(w.bind(py), m);
+            _ => return,
         }
+    }
+    let st = ws.lock();
+    let more = !st.recv_waiters.is_empty() && (!st.inbound.is_empty() || st.closed.is_some());
+    drop(st);
+    if more {
+        ws.needs_python(&ctx.shared);
     }
 }
 
