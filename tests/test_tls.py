@@ -8,6 +8,7 @@ import json
 import socket
 import ssl
 import subprocess
+import time
 
 import pytest
 from harness import PY, ROOT, _env, gunicorn, skirr, wait_until
@@ -163,6 +164,99 @@ def test_websocket_over_tls_has_scheme_wss(pki):
             scope = json.loads(rest[off : off + n])
             assert scope["scheme"] == "wss"
             assert "tls" in scope["extensions"]
+
+
+def _partial_client_hello() -> bytes:
+    """The first half of a real ClientHello: a handshake that stalls."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    hello = outgoing.read()
+    assert len(hello) > 100
+    return hello[: len(hello) // 2]
+
+
+def _closed_by_server(c: socket.socket, deadline: float) -> bool:
+    c.settimeout(max(0.05, deadline - time.monotonic()))
+    try:
+        return c.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _raise_fd_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+
+
+def test_silent_and_stalled_tls_handshakes_are_closed_at_the_deadline(pki):
+    _raise_fd_limit()
+    args = ["--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], "--no-access-log"]
+    with skirr("apps.probe:app", *args, "--tls-handshake-timeout", "1.5", ready=False) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        hello = _partial_client_hello()
+        t0 = time.monotonic()
+        silent = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(200)]
+        half = []
+        for _ in range(50):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall(hello)
+            half.append(c)
+        try:
+            # A real client is served meanwhile.
+            status, body, _ = tls_get(s.port, pki["ca"])
+            assert status == 200 and json.loads(body)["scheme"] == "https"
+            assert time.monotonic() - t0 < 1.2, "the stalled connections were set up too slowly to test"
+            # Not before the deadline...
+            assert not _closed_by_server(silent[-1], t0 + 1.0)
+            assert not _closed_by_server(half[-1], t0 + 1.1)
+            # ...but then every one of them.
+            end = t0 + 1.5 + 5
+            still_open = [c for c in silent + half if not _closed_by_server(c, end)]
+            assert not still_open, f"{len(still_open)} stalled handshakes still open after the deadline"
+            assert tls_get(s.port, pki["ca"])[0] == 200
+        finally:
+            for c in silent + half:
+                c.close()
+
+
+def test_stalled_tls_handshakes_hold_connection_slots_until_the_deadline(pki):
+    args = ["--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], "--no-access-log"]
+    with skirr("apps.probe:app", *args, "--max-connections", "20", "--tls-handshake-timeout", "1", ready=False) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        # Every slot taken (two more in the backlog, ahead of the real client,
+        # absorb a slot the readiness probe may still hold).
+        stalled = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(22)]
+        try:
+            t0 = time.monotonic()
+            assert tls_get(s.port, pki["ca"])[0] == 200
+            waited = time.monotonic() - t0
+            # The real client waited in the backlog until the deadline freed
+            # the slots, and not much longer.
+            assert 0.7 < waited < 6, f"served after {waited:.2f}s"
+        finally:
+            for c in stalled:
+                c.close()
+
+
+def test_tls_handshake_timeout_from_a_gunicorn_config_file(pki, tmp_path):
+    conf = tmp_path / "conf.py"
+    conf.write_text("skirr_tls_handshake_timeout = 0.5\n")
+    args = ["-c", str(conf), "--certfile", pki["cert"], "--keyfile", pki["key"]]
+    with gunicorn("apps.probe:app", *args, ready=False) as g:
+        wait_until(lambda: _tls_ready(g.port, pki["ca"]), what="TLS server")
+        with socket.create_connection(("127.0.0.1", g.port), timeout=10) as c:
+            t0 = time.monotonic()
+            assert _closed_by_server(c, t0 + 5)
+            assert 0.3 < time.monotonic() - t0 < 3
 
 
 @pytest.mark.parametrize(

@@ -202,7 +202,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("body_prefetch", 65536, _nonneg_int, "read request bodies up to this size before starting the app (bytes)"),
     Option("body_chunk_size", 65536, _pos_int, "largest body chunk handed to the app in one http.request (bytes)"),
     Option("body_buffer", 262144, _pos_int, "request body read ahead of the app before reading pauses (bytes)"),
-    Option("send_buffer", 262144, _pos_int, "response body queued before send() waits for the client (bytes)"),
+    Option(
+        "send_buffer",
+        262144,
+        _pos_int,
+        "response body (or WebSocket messages) queued before send() waits for the client (bytes)",
+    ),
     Option(
         "ws_max_message_size",
         16 * 1024 * 1024,
@@ -307,6 +312,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "ssl_ciphers", None, _optional_str, "colon-separated cipher suite names (default: rustls's)", gunicorn="ciphers"
+    ),
+    Option(
+        "tls_handshake_timeout",
+        10.0,
+        _seconds,
+        "close a TLS connection whose handshake is not done within this (seconds; 0: never)",
     ),
     Option(
         "ssl_version",

@@ -9,10 +9,13 @@ Tokio runtime is built inside that call: after fork, never in a master.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import inspect
 import logging
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from skirr._skirr import Server
@@ -22,14 +25,126 @@ LOOP_JOIN_TIMEOUT = 5.0
 #: Signals the Rust core handles while serving.
 RUST_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1)
 
+#: Signals Skirr acts on itself (rust/src/server/run.rs), and what for: an
+#: app cannot take them with ``loop.add_signal_handler()``.
+SKIRR_SIGNALS: dict[int, str] = {
+    signal.SIGTERM: "graceful shutdown",
+    signal.SIGINT: "shutdown",
+    signal.SIGQUIT: "quick shutdown",
+    signal.SIGUSR1: "reopening log files",
+    signal.SIGABRT: "Gunicorn's worker timeout",
+}
+
+#: Also Skirr's under Gunicorn, which gives them a meaning (its master's
+#: signals; its workers ignore WINCH).
+GUNICORN_SIGNALS: dict[int, str] = {
+    signal.SIGHUP: "Gunicorn's reload; send it to the master",
+    signal.SIGTTIN: "Gunicorn's one more worker; send it to the master",
+    signal.SIGTTOU: "Gunicorn's one worker fewer; send it to the master",
+    signal.SIGWINCH: "ignored by Gunicorn's workers",
+    signal.SIGCHLD: "Gunicorn's worker supervision",
+}
+
+_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
 
 def _ignore(signum: int, frame: Any) -> None:
     """Python-level no-op: Rust acts on the signal (see rust/src/server/run.rs)."""
 
 
+def _check_signal(sig: Any) -> int:
+    """As asyncio: ``TypeError`` for a non-int, ``ValueError`` out of range."""
+    if not isinstance(sig, int):
+        raise TypeError(f"sig must be an int, not {sig!r}")
+    if sig not in signal.valid_signals():
+        raise ValueError(f"sig {sig} out of range(1, {signal.NSIG})")
+    return int(sig)
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class SignalForwarder:
+    """The app's ``loop.add_signal_handler()`` callbacks on Skirr's loop.
+
+    The loop runs in a thread, where Python cannot install signal handlers;
+    the Rust core catches the signal instead (``Server.forward_signal``) and
+    each delivery calls :meth:`dispatch` on the loop, which schedules the
+    callback with ``call_soon`` (in the context of the registration, as
+    asyncio does). ``reserved`` maps the signals Skirr keeps to why.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, server: Server, reserved: Mapping[int, str]) -> None:
+        self._loop = loop
+        self._server = server
+        self._reserved = dict(reserved)
+        self._handlers: dict[int, tuple[Callable[..., Any], tuple, contextvars.Context]] = {}
+        self._caught: set[int] = set()
+
+    def add(self, sig: Any, callback: Callable[..., Any], args: tuple) -> None:
+        if asyncio.iscoroutine(callback) or inspect.iscoroutinefunction(callback):
+            raise TypeError("coroutines cannot be used with add_signal_handler()")
+        sig = _check_signal(sig)
+        why = self._reserved.get(sig)
+        if why is not None:
+            raise RuntimeError(
+                f"{_name(sig)} is Skirr's ({why}): loop.add_signal_handler() cannot take it; "
+                f"other signals (e.g. SIGUSR2) are forwarded to the loop"
+            )
+        if sig in _UNCATCHABLE:
+            raise RuntimeError(f"sig {sig} cannot be caught")
+        if sig not in self._caught:
+            try:
+                self._server.forward_signal(sig)
+            except ValueError as e:
+                raise RuntimeError(f"{_name(sig)}: {e}") from None
+            self._caught.add(sig)
+        self._handlers[sig] = (callback, args, contextvars.copy_context())
+
+    def remove(self, sig: Any) -> bool:
+        """Whether a handler was removed. The process keeps catching the
+        signal (Tokio cannot uninstall a handler): it is ignored from then on."""
+        return self._handlers.pop(_check_signal(sig), None) is not None
+
+    def dispatch(self, sig: int) -> None:
+        """On the loop's thread, from ``Server.drain``."""
+        h = self._handlers.get(sig)
+        if h is not None:
+            callback, args, ctx = h
+            self._loop.call_soon(callback, *args, context=ctx)
+
+
+class _ForwardedSignals:
+    """Mixed into Skirr's loop class: ``add_signal_handler`` and
+    ``remove_signal_handler`` go to its :class:`SignalForwarder` while the
+    server runs (the loop's own versions only work in the main thread)."""
+
+    _skirr_signals: SignalForwarder | None = None
+
+    def add_signal_handler(self, sig: int, callback: Callable[..., Any], *args: Any) -> None:
+        if self._skirr_signals is None:
+            return super().add_signal_handler(sig, callback, *args)  # type: ignore[misc]
+        self._skirr_signals.add(sig, callback, args)
+
+    def remove_signal_handler(self, sig: int) -> bool:
+        if self._skirr_signals is None:
+            return super().remove_signal_handler(sig)  # type: ignore[misc]
+        return self._skirr_signals.remove(sig)
+
+
+@functools.cache
+def _loop_class(base: type) -> type:
+    return type(base.__name__, (_ForwardedSignals, base), {"__module__": __name__})
+
+
 def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     """A new loop: ``uvloop`` (error if missing), ``asyncio``, or ``auto``
-    (uvloop when installed)."""
+    (uvloop when installed); either with signal forwarding (see
+    :class:`SignalForwarder`)."""
     if kind in ("auto", "uvloop"):
         try:
             import uvloop
@@ -37,8 +152,8 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
             if kind == "uvloop":
                 raise
         else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
+            return _loop_class(uvloop.Loop)()
+    return _loop_class(asyncio.SelectorEventLoop)()
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -84,6 +199,7 @@ def serve(
     reopen_logs: Callable[[], None] | None = None,
     heartbeat: tuple[Callable[[], None], float] | None = None,
     on_server: Callable[[Server], None] | None = None,
+    reserved_signals: Mapping[int, str] | None = None,
 ) -> None:
     """Serves ``app`` (ASGI 3) on ``listeners`` (``[(fd, "tcp"|"unix")]``)
     until a signal or :meth:`Server.stop` ends it.
@@ -91,11 +207,19 @@ def serve(
     ``heartbeat`` is ``(notify, interval_s)``: ``notify()`` runs on the
     asyncio loop every interval, so it stops if an app blocks the loop.
 
+    ``loop.add_signal_handler()`` works for signals other than
+    :data:`SKIRR_SIGNALS` and ``reserved_signals`` (see
+    :class:`SignalForwarder`).
+
     Raises :class:`skirr.StartupFailed` if lifespan startup fails, and
     ``ValueError``/``TypeError`` for a bad ``config``.
     """
     loop = new_event_loop(loop_kind)
     server = Server(app, loop, config, error_logger, access_logger, reopen_logs)
+    forwarder = SignalForwarder(loop, server, {**SKIRR_SIGNALS, **(reserved_signals or {})})
+    server.set_signal_dispatch(forwarder.dispatch)
+    if isinstance(loop, _ForwardedSignals):
+        loop._skirr_signals = forwarder
     loop.add_reader(server.event_fd, server.drain)
     if heartbeat is not None:
         notify, interval = heartbeat

@@ -12,6 +12,9 @@ to stop:
   everything, exit 0. SIGABRT (the master's timeout): ``worker_abort``, exit
   1. SIGUSR1: reopen log files. These are handled in Rust (the main thread
   is inside the Rust runtime, where Python signal handlers would never run).
+  The app's ``loop.add_signal_handler()`` gets other signals (USR2 …)
+  forwarded; HUP, TTIN, TTOU, WINCH and CHLD stay Gunicorn's (see
+  :data:`skirr.serve.GUNICORN_SIGNALS`).
 * The heartbeat (``self.notify()``) runs on the asyncio loop, so a long
   request or stream never looks dead, but a loop blocked past ``--timeout``
   gets the worker replaced, as with Gunicorn's other workers.
@@ -33,8 +36,13 @@ from gunicorn.workers.base import Worker
 
 from skirr import config, gunicorn_settings
 from skirr._skirr import StartupFailed
+<<<<<<< HEAD
 from skirr.asgi import AppLoadError, app_traceback, as_asgi3
 from skirr.serve import serve
+=======
+from skirr.asgi import as_asgi3
+from skirr.serve import GUNICORN_SIGNALS, serve
+>>>>>>> h-wsrust
 
 #: Gunicorn's exit status for "worker failed to boot": the master halts.
 WORKER_BOOT_ERROR = 3
@@ -315,6 +323,7 @@ class RustWorker(Worker):
                 reopen_logs=self.log.reopen_files,
                 heartbeat=(self._beat, interval),
                 on_server=self._attach,
+                reserved_signals=GUNICORN_SIGNALS,
             )
         except StartupFailed as e:
             self.log.error("Application startup failed: %s", e)

@@ -48,6 +48,8 @@ pub struct Config {
     /// sent its first byte (slowloris guard). Default 30 s.
     pub header_read_timeout: Duration,
     /// On SIGTERM, in-flight requests get this long to finish. Default 30 s.
+    /// Under Gunicorn (`parent_pid` set) the WebSocket close handshake
+    /// comes out of it, see `run::drain_deadlines`.
     pub graceful_timeout: Duration,
     /// Stop (and let the master re-fork) after this many requests; 0 = never.
     pub max_requests: u64,
@@ -65,8 +67,9 @@ pub struct Config {
     /// Request-body bytes read ahead of the app before reading pauses
     /// (backpressure to the client). Default 256 KiB.
     pub body_buffer: usize,
-    /// Response-body bytes queued by `send()` before it waits for the client
-    /// (backpressure to the app). Default 256 KiB.
+    /// Response-body bytes (or WebSocket message bytes) queued by `send()`
+    /// before it waits for the client (backpressure to the app). Default
+    /// 256 KiB.
     pub send_buffer: usize,
     /// Parent process id to watch: if it changes, the worker shuts down.
     pub parent_pid: Option<u32>,
@@ -83,7 +86,8 @@ pub struct Config {
     /// A ping unanswered this long closes the connection (1011). Default 20 s.
     pub ws_ping_timeout: Duration,
     /// Messages queued per direction before reading (client → app) or
-    /// `send()` (app → client) waits. Default 32.
+    /// `send()` (app → client, also bounded by `send_buffer` bytes) waits.
+    /// Default 32.
     pub ws_max_queue: usize,
     /// Request line and header field size limits (414, 431); see
     /// [`Limits`]. Gunicorn's `limit_request_line` (4094) and
@@ -111,6 +115,10 @@ pub struct Config {
     pub proxy: Option<ProxyConfig>,
     /// TLS termination; `None` serves plain HTTP. Set by `ssl_certfile`.
     pub tls: Option<TlsSettings>,
+    /// A TLS client must finish its handshake within this of being
+    /// accepted, or the connection is closed (it holds a connection slot
+    /// meanwhile). Zero disables. Default 10 s.
+    pub tls_handshake_timeout: Duration,
     /// PROXY protocol headers expected from trusted load balancers;
     /// `None` (the default) expects none.
     pub proxy_protocol: Option<ProxyProtocol>,
@@ -197,6 +205,7 @@ impl Default for Config {
             response_start_timeout: Duration::ZERO,
             proxy: Some(default_proxy()),
             tls: None,
+            tls_handshake_timeout: Duration::from_secs(10),
             proxy_protocol: None,
         }
     }
@@ -341,6 +350,7 @@ impl Config {
                     }
                 }
                 "proxy_allow_ips" => pp_allow = str_list(&v, key)?.join(","),
+                "tls_handshake_timeout" => c.tls_handshake_timeout = secs(&v, key)?,
                 "ssl_certfile" => tls.certfile = v.extract::<Option<String>>()?.unwrap_or_default(),
                 "ssl_keyfile" => tls.keyfile = v.extract::<Option<String>>()?.unwrap_or_default(),
                 "ssl_ca_certs" => tls.ca_certs = v.extract()?,

@@ -87,6 +87,7 @@ fn build(shared: &Arc<Shared>) -> io::Result<Runtime> {
 /// Builds the runtime and serves until the server stops.
 pub(crate) fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
     let rt = build(&shared)?;
+    shared.signals.attach(rt.handle().clone());
     let res = rt.block_on(run::run(shared, listeners));
     rt.shutdown_timeout(Duration::from_millis(100));
     res

@@ -8,6 +8,8 @@ import os
 from urllib.parse import parse_qs
 
 EVENTS: list = []
+#: completed send() calls per tag (see /count-sends)
+SENT: dict = {}
 
 
 def record(e):
@@ -28,6 +30,8 @@ async def app(scope, receive, send):
     if scope["type"] == "http":
         if scope["path"] == "/events":
             body = json.dumps(EVENTS).encode()
+        elif scope["path"] == "/sent":
+            body = json.dumps(SENT).encode()
         else:
             body = b"ok"
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -120,6 +124,73 @@ async def app(scope, receive, send):
 
         await asyncio.gather(sender("a"), sender("b"))
         await send({"type": "websocket.close"})
+        return
+    if path == "/two-receivers":
+        # Two tasks receive concurrently (uvicorn allows it): each message
+        # goes to one of them, in order; the disconnect reaches both.
+        got = []
+
+        async def receiver(tag):
+            while True:
+                m = await receive()
+                if m["type"] == "websocket.disconnect":
+                    record(
+                        {"receiver_done": tag, "code": m["code"], "reason": m.get("reason", ""), "tag": q.get("tag")}
+                    )
+                    return
+                got.append(m["text"])
+                await send({"type": "websocket.send", "text": f"{len(got)}:{tag}:{m['text']}"})
+
+        await asyncio.gather(receiver("a"), receiver("b"))
+        return
+    if path == "/receive-timeouts":
+        # receive() cancelled by timeouts again and again must not lose messages.
+        while True:
+            try:
+                m = await asyncio.wait_for(receive(), 0.02)
+            except asyncio.TimeoutError:
+                continue
+            if m["type"] == "websocket.disconnect":
+                return
+            await send({"type": "websocket.send", "text": m["text"]})
+    if path == "/send-then-close":
+        # A large message, then the app's close: the client must get both,
+        # and the close handshake must complete before TCP closes.
+        size = int(q.get("size", "1048576"))
+        await send({"type": "websocket.send", "bytes": b"m" * size})
+        await send({"type": "websocket.close", "code": int(q.get("code", "1000")), "reason": q.get("reason", "")})
+        while (m := await receive())["type"] != "websocket.disconnect":
+            pass  # sent by the client before it saw the close
+        record({"closed_by_app": m["type"], "code": m.get("code"), "tag": q.get("tag")})
+        return
+    if path == "/count-sends":
+        # Sends fresh messages until the client leaves; /sent tells how many
+        # send() calls completed so far.
+        size = int(q.get("size", "1048576"))
+        tag = q.get("tag", "")
+        SENT[tag] = 0
+        try:
+            while True:
+                await send({"type": "websocket.send", "bytes": bytes([SENT[tag] % 256]) * size})
+                SENT[tag] += 1
+        except OSError:
+            return
+    if path == "/many-senders":
+        # n concurrent send() calls (one task each) of one str, to a client
+        # that does not read: the server may not copy and queue them all.
+        n, size = int(q.get("n", "1000")), int(q.get("size", "65536"))
+        tag = q.get("tag", "")
+        SENT[tag] = 0
+        text = "t" * size
+
+        async def one():
+            await send({"type": "websocket.send", "text": text})
+            SENT[tag] += 1
+
+        try:
+            await asyncio.gather(*(one() for _ in range(n)))
+        except OSError:
+            pass
         return
     if path == "/idle":
         while True:

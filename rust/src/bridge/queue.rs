@@ -3,8 +3,8 @@
 //! The queue is bounded by construction rather than by a counter: every
 //! connection has at most one request event in flight, each exchange is
 //! enqueued for attention at most once at a time (see
-//! `Exchange::needs_python`), and log records are capped (see
-//! [`PyQueue::push_log`]).
+//! `Exchange::needs_python`), log records are capped (see
+//! [`PyQueue::push_log`]), and a forwarded signal waits at most once.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -48,6 +48,10 @@ pub(crate) enum Event {
     Log(LogRecord),
     /// Reopen log files (SIGUSR1).
     ReopenLogs,
+    /// A signal the app registered with `loop.add_signal_handler` arrived
+    /// (at most one per signal number in the queue: see
+    /// [`Shared::signal_arrived`](crate::server::Shared::signal_arrived)).
+    Signal(i32),
 }
 
 /// A multi-producer queue drained by the asyncio loop's reader callback.

@@ -1,6 +1,7 @@
 //! What happens on a TCP connection before HTTP: the PROXY protocol header
-//! from a trusted load balancer, then the TLS handshake; both bounded by
-//! the header read timeout, so a silent client cannot hold a slot.
+//! from a trusted load balancer (bounded by the header read timeout), then
+//! the TLS handshake (bounded by `tls_handshake_timeout`, see
+//! [`tls::handshake`]), so a silent client cannot hold a slot.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -80,16 +81,8 @@ pub(crate) async fn serve_tcp(
         serve(tcp, shared, listener, Some(peer), permit, None).await;
         return;
     };
-    let stream = match tokio::time::timeout(limit, acceptor.accept(tcp)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::debug!("TLS handshake with {peer} failed: {e}");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!("TLS handshake with {peer} not completed in {limit:?}");
-            return;
-        }
+    let Some(stream) = tls::handshake(&acceptor, tcp, &shared, peer).await else {
+        return;
     };
     let info = tls::info(stream.get_ref().1);
     serve(

@@ -4,6 +4,7 @@
 pub(crate) mod connections;
 pub(crate) mod listen;
 pub(crate) mod run;
+pub(crate) mod signals;
 pub(crate) mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +60,8 @@ pub(crate) struct Shared {
     /// the Tokio thread (Gunicorn's `worker_int` and `worker_abort`: the
     /// asyncio loop may be the thing that is stuck).
     pub(crate) signal_hook: std::sync::OnceLock<Py<PyAny>>,
+    /// Signals forwarded to the app's `loop.add_signal_handler` callbacks.
+    pub(crate) signals: signals::Forwarding,
 }
 
 impl Shared {
@@ -112,6 +115,7 @@ impl Shared {
             tls,
             tls_server_cert,
             signal_hook: std::sync::OnceLock::new(),
+            signals: signals::Forwarding::default(),
         })
     }
 
@@ -262,6 +266,12 @@ impl Server {
                         self.shared.queue.log_taken();
                         self.ctx.log(py, record.level, &record.message);
                     }
+                    Event::Signal(signum) => {
+                        if let Err(e) = self.shared.signals.deliver(py, signum) {
+                            self.ctx
+                                .log_error(py, "dispatching a signal failed", Some(&e));
+                        }
+                    }
                     Event::ReopenLogs => {
                         if let Some(f) = &self.ctx.reopen_logs {
                             if let Err(e) = f.bind(py).call0() {
@@ -321,11 +331,37 @@ impl Server {
         self.ctx.tasks.lock().len()
     }
 
-    /// Asks a running server to stop: gracefully, or at once if `quick`.
     /// Sets `hook(name)`, called on SIGINT, SIGQUIT and SIGABRT (once).
     fn set_signal_hook(&self, hook: Py<PyAny>) {
         let _ = self.shared.signal_hook.set(hook);
     }
+
+    /// Sets `dispatch(signum)`, called on the loop's thread (from
+    /// [`Server::drain`]) when a signal started with
+    /// [`Server::forward_signal`] arrives (once).
+    fn set_signal_dispatch(&self, dispatch: Py<PyAny>) {
+        let _ = self.shared.signals.dispatch.set(dispatch);
+    }
+
+    /// Starts catching signal `signum` (an int) for the app, while the
+    /// server runs; deliveries reach the dispatcher, several arriving
+    /// before it runs count once. The process keeps catching it until it
+    /// exits (Tokio never uninstalls a handler).
+    ///
+    /// Raises `ValueError` for a signal Skirr handles itself (TERM, INT,
+    /// QUIT, USR1, ABRT), one out of range or that cannot be caught, and
+    /// `RuntimeError` when the server is not running.
+    fn forward_signal(&self, signum: i32) -> PyResult<()> {
+        self.shared.signals.forward(signum).map_err(|e| {
+            if e.contains("not running") {
+                pyo3::exceptions::PyRuntimeError::new_err(e)
+            } else {
+                pyo3::exceptions::PyValueError::new_err(e)
+            }
+        })
+    }
+
+    /// Asks a running server to stop: gracefully, or at once if `quick`.
 
     #[pyo3(signature = (quick=false))]
     fn stop(&self, quick: bool) {

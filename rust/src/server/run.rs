@@ -2,6 +2,7 @@
 //! signal → stop accepting → drain in-flight requests (bounded by the
 //! graceful timeout) → lifespan shutdown → return.
 
+use std::future::poll_fn;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use crate::bridge::queue::Event;
 use crate::lifespan;
 use crate::server::connections::Order;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
-use crate::server::{Shared, Stop};
+use crate::server::{signals, Shared, Stop};
 
 /// Why serving ended in error.
 #[derive(Debug)]
@@ -36,6 +37,24 @@ const PARENT_CHECK: Duration = Duration::from_millis(250);
 const ABORT_GRACE: Duration = Duration::from_millis(500);
 /// After close 1001 went out, how long WebSocket peers get to answer it.
 const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);
+/// The same on a quick stop (SIGQUIT; SIGINT under Gunicorn).
+const QUICK_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a graceful stop drains, then how long WebSockets get for the
+/// close handshake after their 1001. Standalone: `graceful_timeout`, then
+/// [`GOING_AWAY_GRACE`]. Under Gunicorn (a `parent_pid` to watch) the
+/// master kills the worker at `graceful_timeout`, so both fit inside it:
+/// the handshake gets up to half of it, at most `GOING_AWAY_GRACE`.
+fn drain_deadlines(cfg: &crate::config::Config) -> (Duration, Duration) {
+    let total = cfg.graceful_timeout;
+    match cfg.parent_pid {
+        Some(_) => {
+            let grace = GOING_AWAY_GRACE.min(total / 2);
+            (total - grace, grace)
+        }
+        None => (total, GOING_AWAY_GRACE),
+    }
+}
 
 async fn next_stop(rx: &mut watch::Receiver<Option<Stop>>) -> Stop {
     loop {
@@ -63,16 +82,24 @@ async fn next_quick(rx: &mut watch::Receiver<Option<Stop>>) {
 /// standalone (a second one is quick), quick under Gunicorn. SIGQUIT:
 /// quick. SIGUSR1: reopen log files. SIGABRT (Gunicorn's timeout): the
 /// signal hook, then exit 1. INT, QUIT and ABRT run the signal hook first.
+/// Signals the app registers later are forwarded to the loop (see
+/// [`signals`](crate::server::signals)).
 fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut quit = signal(SignalKind::quit())?;
     let mut usr1 = signal(SignalKind::user_defined1())?;
     let mut abrt = signal(SignalKind::from_raw(libc::SIGABRT))?;
+    let mut requests = shared.signals.take_receiver();
+    let mut forwarded = Vec::new();
     tokio::spawn(async move {
         let mut interrupted = false;
         loop {
             tokio::select! {
+                Some(s) = async { requests.as_mut()?.recv().await } => forwarded.push(s),
+                n = poll_fn(|cx| signals::poll_forwarded(&mut forwarded, cx)) => {
+                    shared.signals.arrived(n, &shared.queue);
+                }
                 Some(()) = term.recv() => shared.request_stop(Stop::Graceful("SIGTERM")),
                 Some(()) = int.recv() => {
                     shared.signal_hook("SIGINT");
@@ -163,14 +190,11 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     let quick = match stop {
         Stop::Quick(_) => true,
         Stop::Graceful(_) => {
+            let (drain, close_grace) = drain_deadlines(cfg);
             shared.connections.order_all(Order::Drain);
-            // The whole stop fits in `graceful_timeout` (Gunicorn's master
-            // sends SIGKILL when it ends): WebSockets get their 1001 and
-            // close handshake before it, not after.
-            let grace = GOING_AWAY_GRACE.min(cfg.graceful_timeout / 4);
             tokio::select! {
                 _ = tracker.wait() => false,
-                _ = tokio::time::sleep(cfg.graceful_timeout.saturating_sub(grace)) => {
+                _ = tokio::time::sleep(drain) => {
                     tracing::warn!(
                         "graceful timeout ({:?}) reached: closing {} connection(s)",
                         cfg.graceful_timeout,
@@ -179,7 +203,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
                     // WebSockets get close 1001 and a moment for the close
                     // handshake; HTTP connections close now.
                     shared.connections.order_all(Order::GoingAway);
-                    let _ = tokio::time::timeout(grace, tracker.wait()).await;
+                    let _ = tokio::time::timeout(close_grace, tracker.wait()).await;
                     false
                 }
                 _ = next_quick(&mut stop_rx) => true,
@@ -187,9 +211,11 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
         }
     };
     if quick {
-        // Best effort: close frames go out with the connections.
+        // WebSockets get close 1001 and a moment for the peer's reply (a
+        // socket closed before it is read resets the connection); HTTP
+        // connections close now.
         shared.connections.order_all(Order::GoingAway);
-        tokio::task::yield_now().await;
+        let _ = tokio::time::timeout(QUICK_CLOSE_GRACE, tracker.wait()).await;
     }
     shared.connections.order_all(Order::Abort);
     let _ = tokio::time::timeout(ABORT_GRACE, tracker.wait()).await;

@@ -1,9 +1,13 @@
 //! TLS termination with rustls, configured from Gunicorn's SSL settings
 //! (`certfile`, `keyfile`, `ca_certs`, `cert_reqs`, `ciphers`,
-//! `ssl_version`), and what the ASGI `tls` extension (spec 0.2) reports
-//! about a connection.
+//! `ssl_version`), the bounded handshake, and what the ASGI `tls`
+//! extension (spec 0.2) reports about a connection.
 
+use std::future::{poll_fn, Future};
+use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use rustls::crypto::ring as provider;
 use rustls::crypto::CryptoProvider;
@@ -11,7 +15,12 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, SupportedCipherSuite};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
+
+use crate::server::connections::Order;
+use crate::server::Shared;
 
 /// Whether clients must present a certificate (Python's `ssl.CERT_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,6 +225,54 @@ pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
         .map_err(|e| format!("certfile/keyfile: {e}"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok((TlsAcceptor::from(Arc::new(config)), server_pem))
+}
+
+/// Runs the TLS handshake of an accepted connection. `None` (logged at
+/// debug) if it fails, is not done within `tls_handshake_timeout` (a client
+/// that connects and stays silent, or stalls mid-handshake, would otherwise
+/// hold its connection slot and descriptor forever: rustls has no
+/// deadline of its own), or the server stops (close 1001 time: a drain
+/// still lets it finish, as a new connection's first request is served).
+pub(crate) async fn handshake<IO>(
+    acceptor: &TlsAcceptor,
+    io: IO,
+    shared: &Shared,
+    peer: SocketAddr,
+) -> Option<TlsStream<IO>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let limit = shared.config.tls_handshake_timeout;
+    let mut accept = pin!(acceptor.accept(io));
+    let mut deadline = (!limit.is_zero()).then(|| Box::pin(tokio::time::sleep(limit)));
+    // A member of the registry for the handshake's length, so a stop
+    // order reaches it.
+    let member = shared.connections.join();
+    let mut registered = false;
+    let res = poll_fn(|cx| {
+        if !registered {
+            member.register(cx.waker());
+            registered = true;
+        }
+        if matches!(member.order(), Order::GoingAway | Order::Abort) {
+            return Poll::Ready(Err("the server is stopping".to_owned()));
+        }
+        if let Poll::Ready(r) = accept.as_mut().poll(cx) {
+            return Poll::Ready(r.map_err(|e| e.to_string()));
+        }
+        match deadline.as_mut().map(|d| d.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(format!("not completed in {limit:?}"))),
+            _ => Poll::Pending,
+        }
+    })
+    .await;
+    match res {
+        Ok(s) => Some(s),
+        Err(why) => {
+            tracing::debug!("TLS handshake with {peer}: {why}");
+            None
+        }
+    }
 }
 
 /// PEM text of a DER certificate.

@@ -30,7 +30,7 @@ use tungstenite::{Error, Message};
 use crate::http::conn::ConnCtx;
 use crate::http::io::ConnIo;
 use crate::server::connections::{Member, Order};
-use crate::websocket::shared::{register, WsShared, ABNORMAL, NO_STATUS};
+use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
 
 /// The socket after the 101, with any bytes hyper had read ahead replayed.
 trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -68,6 +68,8 @@ struct Driver {
     conn: Arc<ConnCtx>,
     /// We sent a close frame (the app's, or ours after an error).
     close_sent: bool,
+    /// The close frame we sent was the app's `websocket.close`.
+    app_closed: bool,
     /// The code and reason the app will see in `websocket.disconnect`.
     outcome: Option<(u16, String)>,
     /// Deadline for the peer's close reply, once we sent ours.
@@ -106,7 +108,6 @@ impl Driver {
     /// Writes what the app queued. `Err` ends the connection.
     fn write(&mut self, ws: &mut Ws, cx: &mut Context<'_>) -> Result<(), ()> {
         let shared = &*self.conn.shared;
-        let limit = shared.config.ws_max_queue;
         loop {
             let msg = {
                 let mut st = self.ws.lock();
@@ -116,16 +117,18 @@ impl Driver {
                 }
                 if self.close_sent || self.peer_closed {
                     // Nothing may follow a close frame.
-                    st.outbound.clear();
+                    st.clear_outbound();
                     break;
                 }
+                // tungstenite holds one message at a time: the next is taken
+                // only once the previous one is flushed to the socket.
                 match Pin::new(&mut *ws).poll_ready(cx) {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(_)) => return Err(()),
                     Poll::Pending => break,
                 }
-                let msg = st.outbound.pop_front();
-                let wake_app = st.outbound.len() + 1 == limit && !st.send_waiters.is_empty();
+                let msg = st.pop_outbound();
+                let wake_app = !st.send_waiters.is_empty() && has_room(&st, &shared.config);
                 drop(st);
                 if wake_app {
                     self.ws.needs_python(shared);
@@ -135,6 +138,7 @@ impl Driver {
             let Some(msg) = msg else { break };
             if let Message::Close(frame) = &msg {
                 self.close_sent = true;
+                self.app_closed = true;
                 let (code, reason) = frame
                     .as_ref()
                     .map(|f| (u16::from(f.code), f.reason.to_string()))
@@ -158,16 +162,23 @@ impl Driver {
         let shared = Arc::clone(&self.conn.shared);
         let limit = shared.config.ws_max_queue;
         loop {
-            if self.ws.lock().inbound.len() >= limit {
-                // Backpressure: stop reading until the app catches up.
+            // Backpressure: stop reading until the app catches up; but once
+            // our close frame is out, read on to the peer's (so the socket
+            // closes cleanly, never with unread data, which is a reset).
+            if !self.close_sent && self.ws.lock().inbound.len() >= limit {
                 return Poll::Pending;
             }
             match Pin::new(&mut *ws).poll_next(cx) {
                 Poll::Ready(Some(Ok(msg))) => match msg {
                     Message::Text(_) | Message::Binary(_) => {
                         let mut st = self.ws.lock();
+                        if self.app_closed || st.inbound.len() >= limit {
+                            // After our close: the app closed (it reads no
+                            // more, as in uvicorn), or it is not keeping up.
+                            continue;
+                        }
                         st.inbound.push_back(msg);
-                        let wake = st.recv_waiter.is_some();
+                        let wake = !st.recv_waiters.is_empty();
                         drop(st);
                         if wake {
                             self.ws.needs_python(&shared);
@@ -277,7 +288,7 @@ impl Driver {
             let code = *code;
             let idle = {
                 let st = self.ws.lock();
-                st.inbound.is_empty() && st.outbound.is_empty() && st.recv_waiter.is_some()
+                st.inbound.is_empty() && st.outbound.is_empty() && !st.recv_waiters.is_empty()
             };
             if idle || timer.as_mut().poll(cx).is_ready() {
                 self.failing = None;
@@ -350,6 +361,7 @@ pub(crate) async fn run<I>(
         ws: Arc::clone(&ws),
         conn: Arc::clone(conn),
         close_sent: false,
+        app_closed: false,
         outcome: None,
         close_timer: None,
         ping: Ping::Idle,

@@ -1,6 +1,7 @@
 //! `receive` and `send` for one WebSocket (ASGI WebSocket spec 2.5 and the
 //! `websocket.http.response` extension).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -17,10 +18,13 @@ use tungstenite::Message;
 use crate::bridge::awaitable::ready;
 use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
 use crate::bridge::names::names;
+use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
 use crate::http::exchange::{BodyOut, ResponseHead};
 use crate::http::message::{body_bytes, message_type, parse_headers, parse_status};
-use crate::websocket::shared::{wake_tokio, Decision, WsShared, WsState, ABNORMAL};
+use crate::websocket::shared::{
+    has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
+};
 
 /// Where the app is in the WebSocket's life.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -116,37 +120,129 @@ fn next_message<'py>(
 }
 
 /// Handles a `WsWake` event (asyncio thread): completes what can complete.
-pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, ws: &WsShared) {
+pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, ws: &Arc<WsShared>) {
+    deliver_received(py, ctx, ws);
+    admit_sends(py, ctx, ws);
+}
+
+/// Drops cancelled waiters from the front of `q` (returned, to be dropped
+/// once the lock is released: a waiter's last reference may run Python).
+fn pop_cancelled(py: Python<'_>, q: &mut VecDeque<Py<Waiter>>) -> Vec<Py<Waiter>> {
+    let mut stale = Vec::new();
+    while q.front().is_some_and(|w| is_done(w.bind(py))) {
+        stale.extend(q.pop_front());
+    }
+    stale
+}
+
+/// Keeps the entries of `q` that are `live`; returns the others (to be
+/// dropped once the lock is released).
+fn prune<T>(q: &mut VecDeque<T>, live: impl Fn(&T) -> bool) -> Vec<T> {
+    let (keep, dead): (VecDeque<T>, VecDeque<T>) = std::mem::take(q).into_iter().partition(live);
+    *q = keep;
+    dead.into()
+}
+
+/// Hands messages, then the disconnect, to the pending `receive()` calls,
+/// oldest first. One at a time, without the lock: completing a waiter may
+/// step its task at once (see `bridge::waiter`), and that task may call
+/// `receive()` again (it queues behind the others). At most as many as
+/// waited when this began: a call queued meanwhile is served on the next
+/// wake, so tasks that keep receiving cannot hold the loop here.
+fn deliver_received(py: Python<'_>, ctx: &AppContext, ws: &Arc<WsShared>) {
+    let mut budget = ws.lock().recv_waiters.len();
+    while budget > 0 {
+        budget -= 1;
+        let mut st = ws.lock();
+        let stale = pop_cancelled(py, &mut st.recv_waiters);
+        let next = match st.recv_waiters.is_empty() {
+            true => Ok(None),
+            false => next_message(py, &mut st, ctx),
+        };
+        let w = match &next {
+            Ok(Some(_)) => st.recv_waiters.pop_front(),
+            _ => None,
+        };
+        drop(st);
+        drop(stale);
+        match (next, w) {
+            (Ok(Some(m)), Some(w)) => {
+                resolve(w.bind(py), m);
+            }
+            (Err(e), _) => {
+                ctx.log_error(py, "could not build a websocket message", Some(&e));
+                return;
+            }
+            _ => return,
+        }
+    }
+    let st = ws.lock();
+    let more = !st.recv_waiters.is_empty() && (!st.inbound.is_empty() || st.closed.is_some());
+    drop(st);
+    if more {
+        ws.needs_python(&ctx.shared);
+    }
+}
+
+/// The message a waiting `send()` queues now.
+fn outgoing_message(py: Python<'_>, m: Outgoing) -> PyResult<Message> {
+    match m {
+        Outgoing::Ready(m) => Ok(m),
+        Outgoing::Text(s) => Ok(Message::Text(s.bind(py).to_str()?.to_owned().into())),
+    }
+}
+
+/// Queues the messages of waiting `send()` calls while there is room, and
+/// completes those calls; fails them all once the socket is closed (or the
+/// app's close is queued: nothing may follow it).
+fn admit_sends(py: Python<'_>, ctx: &AppContext, ws: &WsShared) {
+    let shared = &ctx.shared;
     let mut st = ws.lock();
-    let mut recv = None;
-    if let Some(w) = st.recv_waiter.take() {
-        if !is_done(w.bind(py)) {
-            match next_message(py, &mut st, ctx) {
-                Ok(Some(m)) => recv = Some((w, m)),
-                Ok(None) => st.recv_waiter = Some(w),
-                Err(e) => {
-                    drop(st);
-                    ctx.log_error(py, "could not build a websocket message", Some(&e));
-                    return;
+    if st.send_waiters.is_empty() {
+        return;
+    }
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    if st.closed.is_some() || st.closing {
+        failed.extend(st.send_waiters.drain(..).map(|p| p.waiter));
+    } else {
+        let mut queued = false;
+        while has_room(&st, &shared.config) {
+            let Some(p) = st.send_waiters.pop_front() else {
+                break;
+            };
+            if is_done(p.waiter.bind(py)) {
+                // Cancelled while it waited: its message is not sent.
+                done.push((p.waiter, None));
+                continue;
+            }
+            match outgoing_message(py, p.msg) {
+                Ok(m) => {
+                    st.push_outbound(m);
+                    queued = true;
+                    done.push((p.waiter, Some(Ok(()))));
                 }
+                Err(e) => done.push((p.waiter, Some(Err(e)))),
             }
         }
-    }
-    let mut send = Vec::new();
-    let closed = st.closed.is_some();
-    if closed || st.outbound.len() < ctx.shared.config.ws_max_queue {
-        send = std::mem::take(&mut st.send_waiters);
+        if queued {
+            wake_tokio(&mut st, shared);
+        }
     }
     drop(st);
-    if let Some((w, m)) = recv {
-        resolve(w.bind(py), m);
-    }
-    for w in send {
-        if closed {
-            fail_disconnected(w.bind(py), "the WebSocket is closed");
-        } else {
-            resolve(w.bind(py), py.None().into_bound(py));
+    for (w, outcome) in done {
+        match outcome {
+            Some(Ok(())) => {
+                resolve(w.bind(py), py.None().into_bound(py));
+            }
+            Some(Err(e)) => {
+                Waiter::complete(w.bind(py), Err(e));
+            }
+            None => {}
         }
+    }
+    for w in failed {
+        fail_disconnected(w.bind(py), "the WebSocket is closed");
     }
 }
 
@@ -182,11 +278,18 @@ impl WebSocketProtocol {
             Phase::Accepted => {
                 let mut ws = self.ws.lock();
                 if ws.closed.is_none() {
-                    ws.outbound.push_back(Message::Close(Some(CloseFrame {
+                    // Ahead of any send() still waiting (a task the app
+                    // left behind): those fail, see `admit_sends`.
+                    ws.push_outbound(Message::Close(Some(CloseFrame {
                         code: CloseCode::from(code),
                         reason: "".into(),
                     })));
                     wake_tokio(&mut ws, shared);
+                    let waiting = !ws.send_waiters.is_empty();
+                    drop(ws);
+                    if waiting {
+                        self.ws.needs_python(shared);
+                    }
                 }
             }
             Phase::Closed => {}
@@ -238,17 +341,53 @@ impl WebSocketProtocol {
         self.finish(&mut st, 1001);
     }
 
-    fn wait_for_room<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// Queues `msg` for the client now if there is room and no earlier
+    /// `send()` waits; otherwise returns a waiter that completes once it is
+    /// queued (see `admit_sends`).
+    fn queue_or_wait<'py>(&self, py: Python<'py>, msg: Outgoing) -> PyResult<Bound<'py, PyAny>> {
+        let shared = &self.ctx.shared;
+        {
+            let mut ws = self.ws.lock();
+            if ws.closed.is_some() {
+                return Err(ClientDisconnected::new_err("the WebSocket is closed"));
+            }
+            if ws.send_waiters.is_empty() && has_room(&ws, &shared.config) {
+                ws.push_outbound(outgoing_message(py, msg)?);
+                wake_tokio(&mut ws, shared);
+                drop(ws);
+                return self.ctx.done(py);
+            }
+        }
+        // Created without the lock: allocating may run Python (the GC).
         let fut = self.ctx.waiter(py)?;
         let mut ws = self.ws.lock();
         if ws.closed.is_some() {
             return Err(ClientDisconnected::new_err("the WebSocket is closed"));
         }
-        if ws.outbound.len() < self.ctx.shared.config.ws_max_queue {
-            drop(ws);
-            return self.ctx.done(py);
+        let mut stale = Vec::new();
+        if ws.send_waiters.len() >= MAX_PENDING {
+            stale = prune(&mut ws.send_waiters, |p| !is_done(p.waiter.bind(py)));
+            if ws.send_waiters.len() >= MAX_PENDING {
+                drop(ws);
+                drop(stale);
+                return Err(PyRuntimeError::new_err(format!(
+                    "more than {MAX_PENDING} send() calls wait on one WebSocket \
+                     (the client is not reading)"
+                )));
+            }
         }
-        ws.send_waiters.push(fut.clone().unbind());
+        ws.send_waiters.push_back(PendingSend {
+            waiter: fut.clone().unbind(),
+            msg,
+        });
+        // Room may have appeared while the lock was released, with nobody
+        // waiting then to be told.
+        let room = has_room(&ws, &shared.config);
+        drop(ws);
+        drop(stale);
+        if room {
+            self.ws.needs_python(shared);
+        }
         Ok(fut.into_any())
     }
 }
@@ -260,7 +399,10 @@ impl WebSocketProtocol {
     /// reason (1005 if its close frame had none, 1006 if the connection
     /// dropped without one).
     ///
-    /// Raises `RuntimeError` if another `receive()` is still pending.
+    /// Several tasks may wait in `receive()` at once (as uvicorn allows):
+    /// each message goes to the longest-waiting one, and the disconnect to
+    /// all of them. Raises `RuntimeError` beyond `MAX_PENDING` (1024)
+    /// pending calls.
     fn receive<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         {
             let mut st = self.st.lock();
@@ -269,22 +411,47 @@ impl WebSocketProtocol {
                 return ready(py, event(py, &names(py).websocket_connect)?.into_any());
             }
         }
-        let mut ws = self.ws.lock();
-        if let Some(m) = next_message(py, &mut ws, &self.ctx)? {
-            return ready(py, m);
-        }
-        if let Some(w) = &ws.recv_waiter {
-            if !is_done(w.bind(py)) {
-                return Err(PyRuntimeError::new_err(
-                    "receive() called while a previous receive() is still pending",
-                ));
+        let shared = &self.ctx.shared;
+        {
+            let mut ws = self.ws.lock();
+            let stale = pop_cancelled(py, &mut ws.recv_waiters);
+            // Earlier callers come first.
+            let m = match ws.recv_waiters.is_empty() {
+                true => next_message(py, &mut ws, &self.ctx)?,
+                false => None,
+            };
+            drop(ws);
+            drop(stale);
+            if let Some(m) = m {
+                return ready(py, m);
             }
         }
+        // Created without the lock: allocating may run Python (the GC).
         let fut = self.ctx.waiter(py)?;
-        ws.recv_waiter = Some(fut.clone().unbind());
+        let mut ws = self.ws.lock();
+        let mut stale = Vec::new();
+        if ws.recv_waiters.len() >= MAX_PENDING {
+            stale = prune(&mut ws.recv_waiters, |w| !is_done(w.bind(py)));
+            if ws.recv_waiters.len() >= MAX_PENDING {
+                drop(ws);
+                drop(stale);
+                return Err(PyRuntimeError::new_err(format!(
+                    "more than {MAX_PENDING} receive() calls wait on one WebSocket"
+                )));
+            }
+        }
+        ws.recv_waiters.push_back(fut.clone().unbind());
         if ws.notify_idle {
             // The driver holds a close until the app has caught up: it has.
-            wake_tokio(&mut ws, &self.ctx.shared);
+            wake_tokio(&mut ws, shared);
+        }
+        // A message (or the close) that arrived while the lock was
+        // released, or one older waiters are about to get: deliver in order.
+        let deliverable = !ws.inbound.is_empty() || ws.closed.is_some();
+        drop(ws);
+        drop(stale);
+        if deliverable {
+            self.ws.needs_python(shared);
         }
         Ok(fut.into_any())
     }
@@ -327,7 +494,9 @@ impl WebSocketProtocol {
                     }
                 }
                 let msg = match (get(&n.bytes)?, get(&n.text)?) {
-                    (Some(b), None) => Message::Binary(body_bytes(&b, "websocket.send 'bytes'")?),
+                    (Some(b), None) => {
+                        Outgoing::Ready(Message::Binary(body_bytes(&b, "websocket.send 'bytes'")?))
+                    }
                     (None, Some(t)) => {
                         let s = t.cast::<PyString>().map_err(|_| {
                             PyTypeError::new_err(format!(
@@ -338,7 +507,10 @@ impl WebSocketProtocol {
                                     .unwrap_or_default()
                             ))
                         })?;
-                        Message::Text(s.to_str()?.to_owned().into())
+                        // Validated now (lone surrogates raise here); copied
+                        // once it is queued.
+                        s.to_str()?;
+                        Outgoing::Text(s.clone().unbind())
                     }
                     _ => {
                         return Err(PyRuntimeError::new_err(
@@ -347,18 +519,7 @@ impl WebSocketProtocol {
                     }
                 };
                 drop(st);
-                let mut ws = self.ws.lock();
-                if ws.closed.is_some() {
-                    return Err(ClientDisconnected::new_err("the WebSocket is closed"));
-                }
-                ws.outbound.push_back(msg);
-                wake_tokio(&mut ws, shared);
-                let full = ws.outbound.len() >= shared.config.ws_max_queue;
-                drop(ws);
-                if full {
-                    return self.wait_for_room(py);
-                }
-                self.ctx.done(py)
+                self.queue_or_wait(py, msg)
             }
             "websocket.accept" => {
                 if !matches!(st.phase, Phase::Connecting | Phase::Handshake) {
@@ -442,15 +603,15 @@ impl WebSocketProtocol {
                     }
                     Phase::Accepted => {
                         st.phase = Phase::Closed;
-                        let mut ws = self.ws.lock();
-                        if ws.closed.is_some() {
-                            return Err(ClientDisconnected::new_err("the WebSocket is closed"));
-                        }
-                        ws.outbound.push_back(Message::Close(Some(CloseFrame {
-                            code: CloseCode::from(code),
-                            reason: reason.into(),
-                        })));
-                        wake_tokio(&mut ws, shared);
+                        drop(st);
+                        // Behind the messages of send() calls still waiting.
+                        return self.queue_or_wait(
+                            py,
+                            Outgoing::Ready(Message::Close(Some(CloseFrame {
+                                code: CloseCode::from(code),
+                                reason: reason.into(),
+                            }))),
+                        );
                     }
                     Phase::Responding => {
                         return Err(PyRuntimeError::new_err(

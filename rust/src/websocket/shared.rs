@@ -2,8 +2,12 @@
 //! the driver) and the app's `receive`/`send` on the asyncio thread.
 //!
 //! Bounded both ways: the driver stops reading once `ws_max_queue` messages
-//! wait for the app; `send()` waits once `ws_max_queue` messages wait for the
-//! client.
+//! wait for the app; `send()` waits once `ws_max_queue` messages or
+//! `send_buffer` bytes wait for the client (see [`has_room`]). A waiting
+//! `send()` keeps its message as the app's Python object until there is
+//! room, so concurrent senders cost the worker no copies; at most
+//! [`MAX_PENDING`] `send()` and [`MAX_PENDING`] `receive()` calls may wait
+//! on one socket.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +22,14 @@ use crate::bridge::waiter::Waiter;
 use tungstenite::Message;
 
 use crate::bridge::queue::Event;
+use crate::config::Config;
 use crate::http::exchange::ResponseHead;
 use crate::server::Shared;
+
+/// Most `receive()` (and, separately, `send()`) calls that may wait on one
+/// WebSocket at once; one more raises `RuntimeError`. Cancelled calls do
+/// not count.
+pub(crate) const MAX_PENDING: usize = 1024;
 
 /// Close code for an abnormal end: no close frame was exchanged (RFC 6455
 /// §7.1.5). Never sent on the wire.
@@ -40,6 +50,20 @@ pub(crate) enum Decision {
     Respond(ResponseHead),
 }
 
+/// A message a waiting `send()` will queue once there is room.
+pub(crate) enum Outgoing {
+    /// Built already (bytes are shared with the app's object, not copied).
+    Ready(Message),
+    /// A `str`, validated; copied into a message only once it is queued.
+    Text(Py<pyo3::types::PyString>),
+}
+
+/// A `send()` waiting for room, with its message.
+pub(crate) struct PendingSend {
+    pub(crate) waiter: Py<Waiter>,
+    pub(crate) msg: Outgoing,
+}
+
 /// Mutable state; see the module docs.
 #[derive(Default)]
 pub(crate) struct WsState {
@@ -50,12 +74,20 @@ pub(crate) struct WsState {
     pub(crate) inbound: VecDeque<Message>,
     /// The connection is over: `(code, reason)` for `websocket.disconnect`.
     pub(crate) closed: Option<(u16, String)>,
-    pub(crate) recv_waiter: Option<Py<Waiter>>,
+    /// Pending `receive()` calls, oldest first: each gets the next message
+    /// (several tasks may receive on one socket, as uvicorn allows); all of
+    /// them get `websocket.disconnect`.
+    pub(crate) recv_waiters: VecDeque<Py<Waiter>>,
     /// App → client messages (a `Close` last, if the app closes).
     pub(crate) outbound: VecDeque<Message>,
-    /// `send()` calls waiting for room (several tasks may send on one
-    /// socket, e.g. a broadcast).
-    pub(crate) send_waiters: Vec<Py<Waiter>>,
+    /// Payload bytes in `outbound`.
+    pub(crate) outbound_bytes: usize,
+    /// A close frame from the app is queued: `send()` calls still waiting
+    /// fail, nothing may follow it.
+    pub(crate) closing: bool,
+    /// `send()` calls waiting for room, oldest first (several tasks may
+    /// send on one socket, e.g. a broadcast).
+    pub(crate) send_waiters: VecDeque<PendingSend>,
     /// The driver waits for the app to be idle (inbound queue empty and
     /// `receive()` waiting) before it fails the connection: wake it then.
     pub(crate) notify_idle: bool,
@@ -101,7 +133,7 @@ impl WsShared {
             return;
         }
         st.closed = Some((code, reason));
-        let wake = st.recv_waiter.is_some() || !st.send_waiters.is_empty();
+        let wake = !st.recv_waiters.is_empty() || !st.send_waiters.is_empty();
         drop(st);
         if wake {
             self.needs_python(shared);
@@ -113,6 +145,44 @@ impl WsShared {
         let mut st = self.st.lock();
         st.decision = Some(decision);
         wake_tokio(&mut st, shared);
+    }
+}
+
+/// Whether one more app → client message may be queued now: fewer than
+/// `ws_max_queue` messages and fewer than `send_buffer` bytes wait (so a
+/// message larger than `send_buffer` still goes, alone).
+pub(crate) fn has_room(st: &WsState, cfg: &Config) -> bool {
+    st.outbound.len() < cfg.ws_max_queue && st.outbound_bytes < cfg.send_buffer
+}
+
+/// Payload size of a message, for `outbound_bytes`.
+pub(crate) fn payload_len(m: &Message) -> usize {
+    match m {
+        Message::Text(t) => t.len(),
+        Message::Binary(b) => b.len(),
+        _ => 0,
+    }
+}
+
+impl WsState {
+    /// Queues an app → client message (room already checked).
+    pub(crate) fn push_outbound(&mut self, m: Message) {
+        self.closing |= matches!(m, Message::Close(_));
+        self.outbound_bytes += payload_len(&m);
+        self.outbound.push_back(m);
+    }
+
+    /// Takes the next app → client message.
+    pub(crate) fn pop_outbound(&mut self) -> Option<Message> {
+        let m = self.outbound.pop_front()?;
+        self.outbound_bytes = self.outbound_bytes.saturating_sub(payload_len(&m));
+        Some(m)
+    }
+
+    /// Drops every queued app → client message (nothing may follow a close).
+    pub(crate) fn clear_outbound(&mut self) {
+        self.outbound.clear();
+        self.outbound_bytes = 0;
     }
 }
 
