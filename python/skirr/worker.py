@@ -36,13 +36,8 @@ from gunicorn.workers.base import Worker
 
 from skirr import config, gunicorn_settings
 from skirr._skirr import StartupFailed
-<<<<<<< HEAD
 from skirr.asgi import AppLoadError, app_traceback, as_asgi3
-from skirr.serve import serve
-=======
-from skirr.asgi import as_asgi3
 from skirr.serve import GUNICORN_SIGNALS, serve
->>>>>>> h-wsrust
 
 #: Gunicorn's exit status for "worker failed to boot": the master halts.
 WORKER_BOOT_ERROR = 3
