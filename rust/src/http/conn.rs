@@ -100,6 +100,20 @@ pub(crate) struct ConnCtx {
     pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
 }
 
+impl ConnCtx {
+    /// The request in progress is a WebSocket handshake: an end of stream
+    /// is the client leaving, not a half close to hide; one already hidden
+    /// is shown to hyper now.
+    pub(crate) fn not_plain_http(&self) {
+        self.activity.set_plain_http(false);
+        if self.activity.peer_eof() {
+            if let Some(w) = self.eof_waker.lock().take() {
+                w.wake();
+            }
+        }
+    }
+}
+
 /// Marks the connection busy for the lifetime of one request/response.
 pub(crate) struct BusyGuard(Arc<ConnCtx>);
 
@@ -113,10 +127,9 @@ impl BusyGuard {
 /// A request head was parsed: the request is in progress from now (hyper
 /// reads on before it first polls the service, and an end of stream it
 /// reads then is a half close to hide, not an idle connection's end).
-fn head_parsed(ctx: &ConnCtx, req: &hyper::Request<hyper::body::Incoming>) {
+fn head_parsed(ctx: &ConnCtx) {
     ctx.activity.start_request();
-    ctx.activity
-        .set_plain_http(!req.headers().contains_key(http::header::UPGRADE));
+    ctx.activity.set_plain_http(true);
 }
 
 impl Drop for BusyGuard {
@@ -232,7 +245,7 @@ pub(crate) async fn serve<I>(
         // Boxed: hyper's socket hand-back (`poll_without_shutdown`) needs an
         // `Unpin` service future.
         service_fn(move |req| {
-            head_parsed(&ctx, &req);
+            head_parsed(&ctx);
             Box::pin(service::handle(req, Arc::clone(&ctx)))
         })
     };

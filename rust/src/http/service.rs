@@ -269,6 +269,7 @@ pub(crate) async fn handle(
         }
     }
     if crate::websocket::handshake::is_upgrade(&parts) {
+        conn.not_plain_http();
         return Ok(crate::websocket::service::handle(parts, conn, busy).await);
     }
     let bodyless = body.is_end_stream();
