@@ -209,6 +209,53 @@ pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
     }
 }
 
+/// An HTTP/2 request's fields as an HTTP/1.1 app expects them: `:authority`
+/// becomes the `host` field, first (replacing a `host` the client also
+/// sent); several `cookie` fields are joined with "; " (RFC 9113 §8.2.3),
+/// as frameworks read only the first. Pseudo-headers never reach the
+/// header map (hyper keeps them in the URI).
+fn h2_fields(parts: &mut http::request::Parts) {
+    let authority = parts
+        .uri
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
+    let cookies = parts.headers.get_all(http::header::COOKIE).iter().count();
+    if authority.is_none() && cookies < 2 {
+        return;
+    }
+    let old = std::mem::take(&mut parts.headers);
+    let mut map = http::HeaderMap::with_capacity(old.len() + 1);
+    let has_authority = authority.is_some();
+    if let Some(a) = authority {
+        map.insert(http::header::HOST, a);
+    }
+    let mut cookie_done = cookies < 2;
+    for (name, value) in &old {
+        if name == http::header::HOST && has_authority {
+            continue;
+        }
+        if name == http::header::COOKIE && !cookie_done {
+            cookie_done = true;
+            let mut joined = Vec::new();
+            for v in old.get_all(http::header::COOKIE) {
+                if !joined.is_empty() {
+                    joined.extend_from_slice(b"; ");
+                }
+                joined.extend_from_slice(v.as_bytes());
+            }
+            if let Ok(v) = http::HeaderValue::from_bytes(&joined) {
+                map.append(http::header::COOKIE, v);
+            }
+            continue;
+        }
+        if name == http::header::COOKIE && cookies >= 2 {
+            continue;
+        }
+        map.append(name.clone(), value.clone());
+    }
+    parts.headers = map;
+}
+
 /// The server's own answer to a request the app never sees, with its
 /// access-log line when the access log is on.
 fn answer(
@@ -244,6 +291,9 @@ pub(crate) async fn handle(
     let shared = &*conn.shared;
     shared.count_request();
     let (mut parts, mut body) = req.into_parts();
+    if parts.version == http::Version::HTTP_2 {
+        h2_fields(&mut parts);
+    }
     if let Err(r) = check_head(&parts, &shared.config.limits) {
         tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
         return Ok(answer(parts, &conn, received, r.status, r.reason, busy));
