@@ -23,6 +23,7 @@ httpx = pytest.importorskip("httpx")
 h2conn = pytest.importorskip("h2.connection")
 h2config = pytest.importorskip("h2.config")
 h2events = pytest.importorskip("h2.events")
+h2exceptions = pytest.importorskip("h2.exceptions")
 trustme = pytest.importorskip("trustme")
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,10 +40,38 @@ class RawH2:
 
     def __init__(self, port: int, sock: socket.socket | None = None) -> None:
         self.sock = sock or socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.conn = h2conn.H2Connection(config=h2config.H2Configuration(client_side=True, header_encoding=None))
+        self.conn = h2conn.H2Connection(config=h2config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False))
         self.conn.initiate_connection()
         self.flush()
         self.events: list = []
+        #: Every frame the server sent, parsed independently of the h2
+        #: state machine (which stops at the first GOAWAY).
+        self.frames: list = []
+        self._buf = b""
+        self._h2_failed = False
+
+    def _parse_frames(self, data: bytes) -> None:
+        from hyperframe.frame import Frame
+
+        self._buf += data
+        while len(self._buf) >= 9:
+            frame, length = Frame.parse_frame_header(memoryview(self._buf[:9]))
+            if len(self._buf) < 9 + length:
+                return
+            frame.parse_body(memoryview(self._buf[9 : 9 + length]))
+            self.frames.append(frame)
+            self._buf = self._buf[9 + length :]
+
+    def _ack_pings(self) -> None:
+        """Answers the server's PINGs by hand once h2 has given up (a
+        graceful GOAWAY waits for the ack)."""
+        from hyperframe.frame import PingFrame
+
+        for f in self.frames:
+            if isinstance(f, PingFrame) and "ACK" not in f.flags and not getattr(f, "_acked", False):
+                ack = PingFrame(0, f.opaque_data, flags=["ACK"])
+                self.sock.sendall(ack.serialize())
+                f._acked = True
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
@@ -72,7 +101,19 @@ class RawH2:
             if not data:
                 self.events.append("eof")
                 break
-            for ev in self.conn.receive_data(data):
+            self._parse_frames(data)
+            if self._h2_failed:
+                self._ack_pings()
+                continue
+            try:
+                evs = self.conn.receive_data(data)
+            except h2exceptions.ProtocolError:
+                # After GOAWAY the h2 package refuses further frames (the
+                # server's PING); `frames` still sees them.
+                self._h2_failed = True
+                self._ack_pings()
+                continue
+            for ev in evs:
                 self.events.append(ev)
                 if isinstance(ev, h2events.DataReceived):
                     self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
@@ -121,7 +162,7 @@ def test_h2c_get_post_stream_and_h1_on_the_same_port():
 
 def test_h2c_scope_fields():
     with skirr("apps.probe:app", *H2C) as s, h2c_client(s) as c:
-        r = c.get("/scope?a=1", headers={"x-one": "1"}, cookies={"c1": "v1", "c2": "v2"})
+        r = c.get("/scope?a=1", headers={"x-one": "1"})
         scope = r.json()
         assert scope["http_version"] == "2"
         assert scope["query_string"] == {"bytes": "a=1"}
@@ -195,7 +236,7 @@ def test_rst_stream_reaches_the_app_as_disconnect_other_streams_unaffected():
             raw.flush()
             wait_until(lambda: {"disconnect": "http.disconnect", "tag": "rst"} in events(s), what="disconnect")
             wait_until(
-                lambda: any(e.get("send_after_disconnect") == "ClientDisconnected" for e in events(s)),
+                lambda: any(isinstance(e, dict) and e.get("send_after_disconnect") == "ClientDisconnected" for e in events(s)),
                 what="send() raising",
             )
             h, body = raw.response(other)
@@ -211,7 +252,8 @@ def test_response_without_reading_a_big_upload_resets_the_stream_no_error():
             sid = raw.request(
                 "/no-read", method="POST", end=False, extra=[("content-length", str(10_000_000))]
             )
-            raw.conn.send_data(sid, b"x" * 60000)
+            for _ in range(3):
+                raw.conn.send_data(sid, b"x" * 16384)
             raw.flush()
             h, body = raw.response(sid)
             assert h[":status"] == ["200"] and body == b"did not read"
@@ -232,11 +274,14 @@ def test_sigterm_sends_goaway_and_the_in_flight_stream_finishes():
             sid = raw.request("/sleep?secs=1&tag=drain")
             wait_until(lambda: {"sleeping": "drain"} in events(s), what="app running")
             s.send_signal(signal.SIGTERM)
-            h, body = raw.response(sid)
-            assert h[":status"] == ["200"] and body == b"slept"
-            raw.pump(lambda evs: any(isinstance(e, h2events.ConnectionTerminated) for e in evs) or "eof" in evs)
-            goaway = [e for e in raw.events if isinstance(e, h2events.ConnectionTerminated)]
-            assert goaway and goaway[0].error_code == 0
+            from hyperframe.frame import DataFrame, GoAwayFrame
+
+            raw.pump(lambda evs: "eof" in evs, timeout=15)
+            goaways = [f for f in raw.frames if isinstance(f, GoAwayFrame)]
+            assert goaways and all(f.error_code == 0 for f in goaways)
+            data = b"".join(f.data for f in raw.frames if isinstance(f, DataFrame) and f.stream_id == sid)
+            assert data == b"slept"
+            assert any("END_STREAM" in f.flags for f in raw.frames if isinstance(f, DataFrame) and f.stream_id == sid)
             assert s.wait(15) == 0
         finally:
             raw.close()
@@ -286,7 +331,7 @@ def test_h2c_off_by_default_h1_only():
 
 def test_upgrade_h2c_is_answered_as_http_1_1():
     with skirr("apps.probe:app", *H2C) as s:
-        r = request(s.port, "GET", "/", headers={"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c"})
+        r = request(s.port, "GET", "/", headers=[("Upgrade", "h2c"), ("HTTP2-Settings", "AAMAAABkAAQAoAAAAAIAAAAA")])
         assert r.status == 200 and r.body == b"ok"
 
 
