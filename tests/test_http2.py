@@ -13,7 +13,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import threading
 import time
 
 import pytest
@@ -459,5 +458,7 @@ def test_gunicorn_cleartext_upgrade_is_a_boot_error():
         assert "prior-knowledge" in g.logs()
 
 
-def _unused():  # keep imports used by optional tests
-    return threading
+def test_gunicorn_cleartext_both_warns_and_serves_prior_knowledge():
+    with gunicorn("apps.probe:app", "--http-protocols", "h2,h1", "--http2-cleartext", "both") as g, h2c_client(g) as c:
+        assert c.get("/").http_version == "HTTP/2"
+        wait_until(lambda: "only prior-knowledge is served" in g.logs(), what="warning")
