@@ -314,6 +314,18 @@ def test_body_read_timeout_is_per_stream():
             raw.close()
 
 
+def test_limit_request_fields_per_stream():
+    with skirr("apps.probe:app", *H2C, "--limit-request-fields", "5") as s:
+        raw = RawH2(s.port)
+        try:
+            sid = raw.request("/", extra=[(f"x-{i}", "v") for i in range(10)])
+            assert raw.response(sid)[0][":status"] == ["431"]
+            sid = raw.request("/")
+            assert raw.response(sid)[1] == b"ok"
+        finally:
+            raw.close()
+
+
 def test_access_log_says_http_2_0():
     with skirr("apps.probe:app", *H2C, "--access-log") as s, h2c_client(s) as c:
         c.get("/healthz")

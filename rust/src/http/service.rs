@@ -293,6 +293,18 @@ pub(crate) async fn handle(
     let (mut parts, mut body) = req.into_parts();
     if parts.version == http::Version::HTTP_2 {
         h2_fields(&mut parts);
+        // hyper's HTTP/1.1 parser counts fields; on HTTP/2 it is done here.
+        let most = shared.config.limit_request_fields;
+        if most > 0 && parts.headers.len() > most {
+            return Ok(answer(
+                parts,
+                &conn,
+                received,
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "too many header fields",
+                busy,
+            ));
+        }
     }
     if let Err(r) = check_head(&parts, &shared.config.limits) {
         tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
