@@ -326,6 +326,38 @@ def test_limit_request_fields_per_stream():
             raw.close()
 
 
+def test_response_start_timeout_is_per_stream():
+    with skirr("apps.probe:app", *H2C, "--response-start-timeout", "0.3") as s:
+        raw = RawH2(s.port)
+        try:
+            slow = raw.request("/sleep?secs=3")
+            fast = raw.request("/")
+            assert raw.response(fast)[1] == b"ok"
+            assert raw.response(slow)[0][":status"] == ["503"]
+        finally:
+            raw.close()
+
+
+def test_enabled_by_environment_variables():
+    env = {"SKIRR_HTTP_PROTOCOLS": "h2,h1", "SKIRR_HTTP2_CLEARTEXT": "prior-knowledge"}
+    with skirr("apps.probe:app", env=env) as s, h2c_client(s) as c:
+        assert c.get("/").http_version == "HTTP/2"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--http-protocols", "h3"),
+        ("--http-protocols", "h2", "--http2-max-frame-size", "100"),
+        ("--http-protocols", "h2", "--http2-max-concurrent-streams", "0"),
+    ],
+)
+def test_invalid_http2_options_stop_the_boot(args):
+    with skirr("apps.probe:app", *args, ready=False) as s:
+        assert s.wait(15) != 0
+        assert "invalid --http" in s.logs(), s.logs()
+
+
 def test_access_log_says_http_2_0():
     with skirr("apps.probe:app", *H2C, "--access-log") as s, h2c_client(s) as c:
         c.get("/healthz")
