@@ -507,3 +507,16 @@ impl Config {
         Ok(c)
     }
 }
+
+#[cfg(test)]
+mod http2_tests {
+    use super::parse_protocols;
+
+    #[test]
+    fn protocols_in_order_of_preference() {
+        assert_eq!(parse_protocols("h1").ok(), Some((true, false, false)));
+        assert_eq!(parse_protocols("h2,h1").ok(), Some((true, true, true)));
+        assert_eq!(parse_protocols("h1, h2").ok(), Some((true, true, false)));
+        assert_eq!(parse_protocols("h2").ok(), Some((false, true, true)));
+    }
+}

@@ -404,3 +404,66 @@ pub(crate) async fn handle(
     *resp.headers_mut() = head.headers;
     Ok(resp)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::h2_fields;
+
+    fn parts(uri: &str, fields: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = http::Request::builder()
+            .uri(uri)
+            .version(http::Version::HTTP_2);
+        for (k, v) in fields {
+            b = b.header(*k, *v);
+        }
+        b.body(())
+            .map(|r| r.into_parts().0)
+            .expect("valid test request")
+    }
+
+    fn pairs(p: &http::request::Parts) -> Vec<(String, String)> {
+        p.headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn authority_becomes_the_first_host_field() {
+        let mut p = parts(
+            "http://example.test/x",
+            &[("accept", "*/*"), ("host", "other.test")],
+        );
+        h2_fields(&mut p);
+        assert_eq!(
+            pairs(&p),
+            [("host", "example.test"), ("accept", "*/*")].map(|(a, b)| (a.into(), b.into()))
+        );
+    }
+
+    #[test]
+    fn a_host_without_authority_is_kept() {
+        let mut p = parts("/x", &[("host", "only.test")]);
+        h2_fields(&mut p);
+        assert_eq!(pairs(&p), [("host".into(), "only.test".into())]);
+    }
+
+    #[test]
+    fn cookie_fields_are_joined_in_order() {
+        let mut p = parts(
+            "http://a.test/",
+            &[("cookie", "a=1"), ("x", "y"), ("cookie", "b=2")],
+        );
+        h2_fields(&mut p);
+        let got = pairs(&p);
+        assert_eq!(got[0], ("host".into(), "a.test".into()));
+        assert!(got.contains(&("cookie".into(), "a=1; b=2".into())));
+        assert_eq!(got.iter().filter(|(k, _)| k == "cookie").count(), 1);
+        assert!(got.contains(&("x".into(), "y".into())));
+    }
+}
