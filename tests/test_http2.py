@@ -358,6 +358,30 @@ def test_invalid_http2_options_stop_the_boot(args):
         assert "invalid --http" in s.logs(), s.logs()
 
 
+def test_expect_100_continue_body_is_read():
+    # No interim 100 on HTTP/2 (hyper sends none); the body sent anyway is served.
+    with skirr("apps.probe:app", *H2C) as s:
+        raw = RawH2(s.port)
+        try:
+            big = 200_000
+            sid = raw.request(
+                "/echo", method="POST", end=False, extra=[("expect", "100-continue"), ("content-length", str(big))]
+            )
+            sent = 0
+            while sent < big:
+                n = min(16384, big - sent, raw.conn.local_flow_control_window(sid))
+                if n == 0:
+                    raw.pump(lambda evs: raw.conn.local_flow_control_window(sid) > 0)
+                    continue
+                raw.conn.send_data(sid, b"z" * n, end_stream=sent + n == big)
+                raw.flush()
+                sent += n
+            h, body = raw.response(sid)
+            assert h[":status"] == ["200"] and body == b"z" * big
+        finally:
+            raw.close()
+
+
 def test_access_log_says_http_2_0():
     with skirr("apps.probe:app", *H2C, "--access-log") as s, h2c_client(s) as c:
         c.get("/healthz")

@@ -334,8 +334,11 @@ pub(crate) async fn handle(
         return Ok(crate::websocket::service::handle(parts, conn, busy).await);
     }
     let bodyless = body.is_end_stream();
-    // `Expect` only matters for a request with a body.
-    let expect_continue = !bodyless && expects_continue(&parts);
+    // `Expect` only matters for a request with a body. hyper's HTTP/2
+    // server cannot send a 100 (no interim responses), so an HTTP/2 body is
+    // read as if no `Expect` came: the client sends it after its wait.
+    let expect_continue =
+        !bodyless && parts.version != http::Version::HTTP_2 && expects_continue(&parts);
 
     let max_body = shared.config.max_body_size;
     if max_body > 0 && body.size_hint().lower() > max_body {
