@@ -299,6 +299,26 @@ def test_idle_h2_connection_is_closed_after_keepalive_timeout():
             raw.close()
 
 
+def test_a_head_that_never_completes_is_closed_by_the_idle_timeout():
+    from hpack import Encoder
+    from hyperframe.frame import HeadersFrame, SettingsFrame
+
+    with skirr("apps.probe:app", *H2C, "--keepalive-timeout", "0.5") as s:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        try:
+            block = Encoder().encode([(":method", "GET"), (":scheme", "http"), (":path", "/")])
+            frame = HeadersFrame(1, block)  # no END_HEADERS: a CONTINUATION is owed
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize() + frame.serialize())
+            t0 = time.monotonic()
+            while sock.recv(65536):
+                pass
+            assert time.monotonic() - t0 < 6
+        except ConnectionResetError:
+            assert time.monotonic() - t0 < 6
+        finally:
+            sock.close()
+
+
 def test_body_read_timeout_is_per_stream():
     with skirr("apps.probe:app", *H2C, "--body-read-timeout", "0.5") as s:
         raw = RawH2(s.port)

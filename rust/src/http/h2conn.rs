@@ -296,7 +296,9 @@ where
     };
     let mut conn = pin!(builder.serve_connection(TokioIo::new(io), svc));
     let keepalive = ctx.shared.config.keepalive_timeout.as_millis() as u64;
-    let idle_check = keepalive.max(1);
+    // While streams are open the idle timer only looks in this often (a
+    // stream closing does not wake the connection task).
+    let idle_check = keepalive.max(1000);
     let mut timer = pin!(tokio::time::sleep_until(deadline_at(
         clock_ms() + idle_check
     )));
@@ -339,7 +341,7 @@ where
                 let due = streams.since_ms.load(Ordering::Relaxed) + keepalive;
                 if now + 5 >= due {
                     closing = true;
-                    give_up = now + idle_check.max(1000);
+                    give_up = now + idle_check;
                     conn.as_mut().graceful_shutdown();
                     cx.waker().wake_by_ref();
                 } else {
