@@ -224,6 +224,21 @@ def test_many_concurrent_streams_on_one_connection():
             raw.close()
 
 
+def test_httpx_concurrent_requests_share_one_connection():
+    import asyncio
+
+    async def run(url):
+        async with httpx.AsyncClient(base_url=url, http1=False, http2=True, timeout=10) as c:
+            rs = await asyncio.gather(*(c.get(f"/scope?i={i}") for i in range(40)))
+            return [r.json() for r in rs], [r.http_version for r in rs]
+
+    with skirr("apps.probe:app", *H2C) as s:
+        scopes, versions = asyncio.run(run(s.url))
+        assert set(versions) == {"HTTP/2"}
+        assert sorted(sc["query_string"]["bytes"] for sc in scopes) == sorted(f"i={i}" for i in range(40))
+        assert len({tuple(sc["client"]) for sc in scopes}) == 1  # one connection
+
+
 def test_rst_stream_reaches_the_app_as_disconnect_other_streams_unaffected():
     with skirr("apps.probe:app", *H2C) as s:
         raw = RawH2(s.port)
