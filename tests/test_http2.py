@@ -417,6 +417,18 @@ def test_expect_100_continue_body_is_read():
             raw.close()
 
 
+def test_header_list_over_http2_max_header_list_size_is_431_for_that_stream():
+    with skirr("apps.probe:app", *H2C, "--limit-request-fields", "0") as s:
+        raw = RawH2(s.port)
+        try:
+            sid = raw.request("/", extra=[(f"x-{i}", "v" * 2000) for i in range(40)])  # ~80 KB > 64 KiB
+            assert raw.response(sid)[0][":status"] == ["431"]
+            sid = raw.request("/")
+            assert raw.response(sid)[1] == b"ok"
+        finally:
+            raw.close()
+
+
 def test_access_log_says_http_2_0():
     with skirr("apps.probe:app", *H2C, "--access-log") as s, h2c_client(s) as c:
         c.get("/healthz")
