@@ -554,6 +554,13 @@ def test_gunicorn_h2c_prior_knowledge():
         assert request(g.port, "GET", "/").status == 200
 
 
+def test_gunicorn_access_log_h_atom_is_http_2_0():
+    args = (*H2C, "--access-logfile", "-", "--access-logformat", "proto=%(H)s path=%(U)s")
+    with gunicorn("apps.probe:app", *args) as g, h2c_client(g) as c:
+        c.get("/healthz?h2")
+        wait_until(lambda: "proto=HTTP/2.0 path=/healthz" in g.logs(), what="access log line")
+
+
 def test_gunicorn_http2_settings_are_read():
     args = (*H2C, "--http2-max-concurrent-streams", "7", "--http2-initial-window-size", "1048576")
     with gunicorn("apps.probe:app", *args) as g:
