@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="alias of --keepalive-timeout (uvicorn's name)",
     )
+    p.add_argument(
+        "--http2",
+        action="store_true",
+        help="serve HTTP/2 too: ALPN h2 on TLS, prior knowledge (h2c) on plain TCP"
+        " (as --http-protocols h2,h1 --http2-cleartext prior-knowledge)",
+    )
     p.add_argument("--version", action="version", version=f"skirr {__version__}")
     opts = p.add_argument_group("server options (each also set by SKIRR_<NAME>)")
     for o in config.OPTIONS:
@@ -131,6 +137,9 @@ def open_listener(args: argparse.Namespace) -> tuple[socket.socket, str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     explicit = {o.name: getattr(args, o.name) for o in config.OPTIONS}
+    if args.http2:
+        explicit["http_protocols"] = explicit["http_protocols"] or "h2,h1"
+        explicit["http2_cleartext"] = explicit["http2_cleartext"] or "prior-knowledge"
     try:
         values = config.resolve(explicit)
         config.check_tls_files(values)

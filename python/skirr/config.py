@@ -116,6 +116,45 @@ def _cert_reqs(v: Any) -> int:
     return n
 
 
+def _http_protocols(v: Any) -> str:
+    items = v if isinstance(v, (list, tuple)) else str(v).split(",")
+    out = []
+    for x in items:
+        x = str(x).strip().lower()
+        if not x:
+            continue
+        if x == "http/1.1":
+            x = "h1"
+        if x not in ("h1", "h2"):
+            raise ValueError(f"{x!r} is not a protocol (h1 or h2)")
+        if x not in out:
+            out.append(x)
+    if not out:
+        raise ValueError("names no protocol (h1, h2)")
+    return ",".join(out)
+
+
+def _http2_cleartext(v: Any) -> str:
+    x = str(v).strip().lower()
+    if x in ("false", "0", "no"):
+        x = "off"
+    if x == "upgrade":
+        raise ValueError("upgrade (Upgrade: h2c) is not supported; use prior-knowledge")
+    if x not in ("off", "prior-knowledge", "both"):
+        raise ValueError(f"must be off or prior-knowledge, got {v!r}")
+    return x
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        n = int(v)
+        if not lo <= n <= hi:
+            raise ValueError(f"must be between {lo} and {hi}, got {n}")
+        return n
+
+    return parse
+
+
 def _seconds(v: Any) -> float:
     f = float(v)
     if f < 0:
@@ -297,6 +336,48 @@ OPTIONS: tuple[Option, ...] = (
         _str_list,
         "load balancers whose connections start with a PROXY protocol header",
         gunicorn="proxy_allow_ips",
+    ),
+    Option(
+        "http_protocols",
+        "h1",
+        _http_protocols,
+        "protocols served, in order of preference (ALPN): h1, h2 or both, e.g. h2,h1",
+        gunicorn="http_protocols",
+    ),
+    Option(
+        "http2_cleartext",
+        "off",
+        _http2_cleartext,
+        "HTTP/2 without TLS: off, or prior-knowledge (a connection opening with the HTTP/2 preface)",
+        gunicorn="http2_cleartext",
+    ),
+    Option(
+        "http2_max_concurrent_streams",
+        100,
+        _int_range(1, 2**31 - 1),
+        "HTTP/2 streams a client may open at once on one connection",
+        gunicorn="http2_max_concurrent_streams",
+    ),
+    Option(
+        "http2_initial_window_size",
+        65535,
+        _int_range(0, 2**31 - 1),
+        "HTTP/2 flow-control window of each stream (bytes)",
+        gunicorn="http2_initial_window_size",
+    ),
+    Option(
+        "http2_max_frame_size",
+        16384,
+        _int_range(16384, 16777215),
+        "largest HTTP/2 frame payload accepted (bytes)",
+        gunicorn="http2_max_frame_size",
+    ),
+    Option(
+        "http2_max_header_list_size",
+        65536,
+        _int_range(1, 2**32 - 1),
+        "largest HTTP/2 header list accepted, uncompressed (bytes)",
+        gunicorn="http2_max_header_list_size",
     ),
     Option("ssl_certfile", None, _optional_str, "serve TLS with this PEM certificate chain", gunicorn="certfile"),
     Option(

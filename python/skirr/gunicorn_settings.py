@@ -139,15 +139,20 @@ def check(cfg: Any) -> Problems:
         p.errors.append(f"protocol {cfg.protocol!r} is not supported (only http)")
     protocols = _setting(cfg, "http_protocols")
     if protocols is not None:
-        wanted = [
-            x.strip().lower()
-            for x in (protocols.value if isinstance(protocols.value, list) else str(protocols.value).split(","))
-        ]
-        extra = [x for x in wanted if x and x not in ("h1", "http/1.1")]
-        if extra:
-            p.errors.append(f"http_protocols {','.join(extra)} not supported (Skirr serves HTTP/1.1)")
-    if _is_set(cfg, "http2_cleartext") and str(cfg.http2_cleartext).lower() not in ("off", "false", "0"):
-        p.errors.append("http2_cleartext is not supported (Skirr serves HTTP/1.1)")
+        try:
+            config.BY_NAME["http_protocols"].parse(protocols.value)
+        except ValueError as e:
+            p.errors.append(f"http_protocols: {e}")
+    cleartext = str(getattr(cfg, "http2_cleartext", "off") or "off").lower()
+    if cleartext == "upgrade":
+        p.errors.append(
+            "http2_cleartext upgrade is not supported (Upgrade: h2c, deprecated by RFC 9113 §3.1): "
+            "use prior-knowledge"
+        )
+    elif cleartext == "both":
+        p.inapplicable.append(
+            ("http2_cleartext", "Upgrade: h2c is not supported: only prior-knowledge is served (upgrade is answered as HTTP/1.1)")
+        )
     if _hook_is_set(cfg, "ssl_context"):
         p.errors.append(
             "the ssl_context hook builds a Python SSLContext, but Skirr terminates TLS in Rust (rustls): "

@@ -66,7 +66,7 @@ def access_logger(log: logging.Logger):
             client_str(scope),
             scope["method"],
             target,
-            scope["http_version"],
+            "2.0" if scope["http_version"] == "2" else scope["http_version"],
             status,
             size,
             seconds * 1000.0,

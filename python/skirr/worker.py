@@ -73,7 +73,8 @@ def environ(scope: dict[str, Any], req_headers: list[tuple[str, str]]) -> dict[s
         "PATH_INFO": scope["path"],
         "SCRIPT_NAME": scope.get("root_path", ""),
         "QUERY_STRING": qs,
-        "SERVER_PROTOCOL": "HTTP/" + scope.get("http_version", "1.1"),
+        # HTTP/2's version is "2" in the scope, "HTTP/2.0" in logs (as Gunicorn).
+        "SERVER_PROTOCOL": "HTTP/" + _wire_version(scope.get("http_version", "1.1")),
         "REMOTE_ADDR": client[0] if client else "-",
         "REMOTE_PORT": str(client[1]) if client else "",
         "SERVER_NAME": str(server[0]),
@@ -88,6 +89,10 @@ def environ(scope: dict[str, Any], req_headers: list[tuple[str, str]]) -> dict[s
     if "HTTP_CONTENT_LENGTH" in env:
         env["CONTENT_LENGTH"] = env["HTTP_CONTENT_LENGTH"]
     return env
+
+
+def _wire_version(v: str) -> str:
+    return "2.0" if v == "2" else v
 
 
 class HookRequest:

@@ -122,6 +122,69 @@ pub struct Config {
     /// PROXY protocol headers expected from trusted load balancers;
     /// `None` (the default) expects none.
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// HTTP/2 (see [`Http2`]); `None` (the default) serves HTTP/1.1 only.
+    pub http2: Option<Http2>,
+}
+
+/// HTTP/2 settings: Gunicorn's `http_protocols`, `http2_cleartext` and
+/// `http2_*` limits.
+#[derive(Clone, Debug)]
+pub struct Http2 {
+    /// HTTP/1.1 is served too (`h1` in `http_protocols`).
+    pub http1: bool,
+    /// ALPN offers `h2` before `http/1.1` (the order of `http_protocols`).
+    pub h2_first: bool,
+    /// Cleartext connections that open with the HTTP/2 preface are served
+    /// HTTP/2 (`http2_cleartext = prior-knowledge`).
+    pub prior_knowledge: bool,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS. Default 100.
+    pub max_concurrent_streams: u32,
+    /// SETTINGS_INITIAL_WINDOW_SIZE (per stream). Default 65535.
+    pub initial_window_size: u32,
+    /// SETTINGS_MAX_FRAME_SIZE. Default 16384.
+    pub max_frame_size: u32,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE. Default 65536.
+    pub max_header_list_size: u32,
+}
+
+impl Default for Http2 {
+    fn default() -> Self {
+        Http2 {
+            http1: true,
+            h2_first: true,
+            prior_knowledge: false,
+            max_concurrent_streams: 100,
+            initial_window_size: 65535,
+            max_frame_size: 16384,
+            max_header_list_size: 65536,
+        }
+    }
+}
+
+/// `http_protocols`: a comma-separated list of `h1` and `h2`, in order of
+/// preference. Returns (h1, h2, h2 before h1).
+fn parse_protocols(v: &str) -> PyResult<(bool, bool, bool)> {
+    let (mut h1, mut h2, mut h2_first) = (false, false, false);
+    for p in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match p.to_ascii_lowercase().as_str() {
+            "h1" | "http/1.1" => h1 = true,
+            "h2" => {
+                h2_first = !h1;
+                h2 = true;
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "option 'http_protocols': {other:?} is not a protocol (h1 or h2)"
+                )))
+            }
+        }
+    }
+    if !h1 && !h2 {
+        return Err(PyValueError::new_err(
+            "option 'http_protocols' names no protocol (h1, h2)",
+        ));
+    }
+    Ok((h1, h2, h2_first))
 }
 
 /// Gunicorn's `proxy_protocol` and `proxy_allow_ips`.
@@ -207,6 +270,7 @@ impl Default for Config {
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
             proxy_protocol: None,
+            http2: None,
         }
     }
 }
@@ -247,7 +311,10 @@ impl Config {
             client_auth: ClientAuth::None,
             ciphers: None,
             versions: Vec::new(),
+            alpn: Vec::new(),
         };
+        let mut h2 = Http2::default();
+        let mut protocols = (true, false, false);
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
             let key = key.as_str();
@@ -368,6 +435,44 @@ impl Config {
                         }
                     }
                 }
+                "http_protocols" => protocols = parse_protocols(&str_list(&v, key)?.join(","))?,
+                "http2_cleartext" => {
+                    let mode: String = v.extract()?;
+                    h2.prior_knowledge = match mode.as_str() {
+                        "off" => false,
+                        // Upgrade (RFC 9113 §3.1 deprecates it) is not
+                        // served; `both` serves prior knowledge.
+                        "prior-knowledge" | "both" => true,
+                        other => {
+                            return Err(PyValueError::new_err(format!(
+                                "option 'http2_cleartext' must be off, prior-knowledge or both \
+                                 (Upgrade: h2c is not supported), got {other:?}"
+                            )))
+                        }
+                    }
+                }
+                "http2_max_concurrent_streams" => {
+                    h2.max_concurrent_streams = count::<u32>(&v, key)?.max(1)
+                }
+                "http2_initial_window_size" => {
+                    h2.initial_window_size = count(&v, key)?;
+                    if h2.initial_window_size > (1 << 31) - 1 {
+                        return Err(PyValueError::new_err(
+                            "option 'http2_initial_window_size' must be at most 2147483647",
+                        ));
+                    }
+                }
+                "http2_max_frame_size" => {
+                    h2.max_frame_size = count(&v, key)?;
+                    if !(16384..=16_777_215).contains(&h2.max_frame_size) {
+                        return Err(PyValueError::new_err(
+                            "option 'http2_max_frame_size' must be between 16384 and 16777215",
+                        ));
+                    }
+                }
+                "http2_max_header_list_size" => {
+                    h2.max_header_list_size = count::<u32>(&v, key)?.max(1)
+                }
                 "forwarder_headers" => {
                     proxy.script_name = str_list(&v, key)?
                         .iter()
@@ -390,7 +495,19 @@ impl Config {
                 trusted,
             });
         }
+        let (h1_on, h2_on, h2_first) = protocols;
+        if h2_on {
+            h2.http1 = h1_on;
+            h2.h2_first = h2_first;
+            c.http2 = Some(h2);
+        }
         if !tls.certfile.is_empty() {
+            tls.alpn = match &c.http2 {
+                None => vec![b"http/1.1".to_vec()],
+                Some(h) if !h.http1 => vec![b"h2".to_vec()],
+                Some(h) if h.h2_first => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+                Some(_) => vec![b"http/1.1".to_vec(), b"h2".to_vec()],
+            };
             if tls.keyfile.is_empty() {
                 // As Python's `load_cert_chain`: the key may sit in the certfile.
                 tls.keyfile = tls.certfile.clone();
@@ -398,5 +515,18 @@ impl Config {
             c.tls = Some(tls);
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod http2_tests {
+    use super::parse_protocols;
+
+    #[test]
+    fn protocols_in_order_of_preference() {
+        assert_eq!(parse_protocols("h1").ok(), Some((true, false, false)));
+        assert_eq!(parse_protocols("h2,h1").ok(), Some((true, true, true)));
+        assert_eq!(parse_protocols("h1, h2").ok(), Some((true, true, false)));
+        assert_eq!(parse_protocols("h2").ok(), Some((false, true, true)));
     }
 }

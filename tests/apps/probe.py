@@ -165,6 +165,17 @@ async def app(scope, receive, send):
             if not m.get("more_body"):
                 break
         return await respond_json(send, {"bytes": total, "chunks": n, "max_chunk": biggest})
+    if path == "/h2-headers":
+        # Connection-specific fields (dropped on HTTP/2) and two set-cookie fields.
+        hs = [
+            (b"set-cookie", b"a=1"),
+            (b"set-cookie", b"b=2"),
+            (b"connection", b"close"),
+            (b"keep-alive", b"timeout=5"),
+            (b"proxy-connection", b"keep-alive"),
+            (b"upgrade", b"foo"),
+        ]
+        return await respond(send, body=b"headers", headers=hs)
     if path == "/no-read":
         return await respond(send, body=b"did not read")
     if path == "/state":

@@ -112,6 +112,40 @@ impl ConnCtx {
             }
         }
     }
+
+    /// The context of one HTTP/2 stream: the connection's facts, its own
+    /// [`Activity`] (the stream's deadlines). The connection's slot under
+    /// the limit stays with the connection.
+    pub(crate) fn for_stream(&self) -> ConnCtx {
+        ConnCtx {
+            shared: Arc::clone(&self.shared),
+            listener: Arc::clone(&self.listener),
+            peer: self.peer,
+            py_client: OnceLock::new(),
+            activity: Activity::new(),
+            _permit: None,
+            upgrade: Mutex::new(None),
+            tls: self.tls.clone(),
+            eof_waker: Mutex::new(None),
+        }
+    }
+}
+
+/// Whether a new connection speaks HTTP/2: ALPN chose `h2` on TLS; on
+/// cleartext, with prior knowledge enabled, it opens with the preface.
+/// With HTTP/1.1 disabled every connection is HTTP/2.
+async fn wants_h2<I: AsyncRead + Unpin>(io: &mut ConnIo<I>, ctx: &ConnCtx) -> bool {
+    let Some(h2) = &ctx.shared.config.http2 else {
+        return false;
+    };
+    if !h2.http1 {
+        return true;
+    }
+    if let Some(tls) = &ctx.tls {
+        return tls.h2;
+    }
+    h2.prior_knowledge
+        && crate::http::h2conn::sniff_preface(io, ctx.shared.config.header_read_timeout).await
 }
 
 /// Marks the connection busy for the lifetime of one request/response.
@@ -249,10 +283,16 @@ pub(crate) async fn serve<I>(
             Box::pin(service::handle(req, Arc::clone(&ctx)))
         })
     };
+    let mut first = true;
     let why = loop {
         // Parked (a new connection starts here): no hyper state at all.
         if let Err(reason) = wait_readable(&mut io, &ctx, &member).await {
             break reason;
+        }
+        if std::mem::take(&mut first) && wants_h2(&mut io, &ctx).await {
+            if let Some(h2) = &shared.http2 {
+                break crate::http::h2conn::serve(io, &ctx, &member, h2).await;
+            }
         }
         // Boxed, like the WebSocket driver below: a parked connection's task
         // then holds only a pointer where an active one holds hyper's state.

@@ -1,4 +1,8 @@
-//! HTTP/1.1 over hyper, bridged to ASGI's HTTP protocol.
+//! HTTP/1.1 and HTTP/2 over hyper, bridged to ASGI's HTTP protocol.
+//!
+//! Two wire drivers share one exchange: [`conn`] drives HTTP/1.1 (and
+//! picks the protocol of a new connection), [`h2conn`] drives HTTP/2; both
+//! call [`service::handle`] per request, which knows no protocol.
 //!
 //! Data flow: [`conn`] accepts bytes and drives hyper → [`service`] turns a
 //! parsed head into an [`service::HttpRequest`] for the asyncio thread →
@@ -11,6 +15,7 @@ pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod conn;
 pub(crate) mod exchange;
+pub(crate) mod h2conn;
 pub(crate) mod io;
 pub(crate) mod message;
 pub(crate) mod protocol;

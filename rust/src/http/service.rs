@@ -209,6 +209,53 @@ pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
     }
 }
 
+/// An HTTP/2 request's fields as an HTTP/1.1 app expects them: `:authority`
+/// becomes the `host` field, first (replacing a `host` the client also
+/// sent); several `cookie` fields are joined with "; " (RFC 9113 §8.2.3),
+/// as frameworks read only the first. Pseudo-headers never reach the
+/// header map (hyper keeps them in the URI).
+fn h2_fields(parts: &mut http::request::Parts) {
+    let authority = parts
+        .uri
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
+    let cookies = parts.headers.get_all(http::header::COOKIE).iter().count();
+    if authority.is_none() && cookies < 2 {
+        return;
+    }
+    let old = std::mem::take(&mut parts.headers);
+    let mut map = http::HeaderMap::with_capacity(old.len() + 1);
+    let has_authority = authority.is_some();
+    if let Some(a) = authority {
+        map.insert(http::header::HOST, a);
+    }
+    let mut cookie_done = cookies < 2;
+    for (name, value) in &old {
+        if name == http::header::HOST && has_authority {
+            continue;
+        }
+        if name == http::header::COOKIE && !cookie_done {
+            cookie_done = true;
+            let mut joined = Vec::new();
+            for v in old.get_all(http::header::COOKIE) {
+                if !joined.is_empty() {
+                    joined.extend_from_slice(b"; ");
+                }
+                joined.extend_from_slice(v.as_bytes());
+            }
+            if let Ok(v) = http::HeaderValue::from_bytes(&joined) {
+                map.append(http::header::COOKIE, v);
+            }
+            continue;
+        }
+        if name == http::header::COOKIE && cookies >= 2 {
+            continue;
+        }
+        map.append(name.clone(), value.clone());
+    }
+    parts.headers = map;
+}
+
 /// The server's own answer to a request the app never sees, with its
 /// access-log line when the access log is on.
 fn answer(
@@ -244,6 +291,21 @@ pub(crate) async fn handle(
     let shared = &*conn.shared;
     shared.count_request();
     let (mut parts, mut body) = req.into_parts();
+    if parts.version == http::Version::HTTP_2 {
+        h2_fields(&mut parts);
+        // hyper's HTTP/1.1 parser counts fields; on HTTP/2 it is done here.
+        let most = shared.config.limit_request_fields;
+        if most > 0 && parts.headers.len() > most {
+            return Ok(answer(
+                parts,
+                &conn,
+                received,
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "too many header fields",
+                busy,
+            ));
+        }
+    }
     if let Err(r) = check_head(&parts, &shared.config.limits) {
         tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
         return Ok(answer(parts, &conn, received, r.status, r.reason, busy));
@@ -273,8 +335,11 @@ pub(crate) async fn handle(
         return Ok(crate::websocket::service::handle(parts, conn, busy).await);
     }
     let bodyless = body.is_end_stream();
-    // `Expect` only matters for a request with a body.
-    let expect_continue = !bodyless && expects_continue(&parts);
+    // `Expect` only matters for a request with a body. hyper's HTTP/2
+    // server cannot send a 100 (no interim responses), so an HTTP/2 body is
+    // read as if no `Expect` came: the client sends it after its wait.
+    let expect_continue =
+        !bodyless && parts.version != http::Version::HTTP_2 && expects_continue(&parts);
 
     let max_body = shared.config.max_body_size;
     if max_body > 0 && body.size_hint().lower() > max_body {
@@ -342,4 +407,67 @@ pub(crate) async fn handle(
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers;
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::h2_fields;
+
+    fn parts(uri: &str, fields: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = http::Request::builder()
+            .uri(uri)
+            .version(http::Version::HTTP_2);
+        for (k, v) in fields {
+            b = b.header(*k, *v);
+        }
+        b.body(())
+            .map(|r| r.into_parts().0)
+            .expect("valid test request")
+    }
+
+    fn pairs(p: &http::request::Parts) -> Vec<(String, String)> {
+        p.headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn authority_becomes_the_first_host_field() {
+        let mut p = parts(
+            "http://example.test/x",
+            &[("accept", "*/*"), ("host", "other.test")],
+        );
+        h2_fields(&mut p);
+        assert_eq!(
+            pairs(&p),
+            [("host", "example.test"), ("accept", "*/*")].map(|(a, b)| (a.into(), b.into()))
+        );
+    }
+
+    #[test]
+    fn a_host_without_authority_is_kept() {
+        let mut p = parts("/x", &[("host", "only.test")]);
+        h2_fields(&mut p);
+        assert_eq!(pairs(&p), [("host".into(), "only.test".into())]);
+    }
+
+    #[test]
+    fn cookie_fields_are_joined_in_order() {
+        let mut p = parts(
+            "http://a.test/",
+            &[("cookie", "a=1"), ("x", "y"), ("cookie", "b=2")],
+        );
+        h2_fields(&mut p);
+        let got = pairs(&p);
+        assert_eq!(got[0], ("host".into(), "a.test".into()));
+        assert!(got.contains(&("cookie".into(), "a=1; b=2".into())));
+        assert_eq!(got.iter().filter(|(k, _)| k == "cookie").count(), 1);
+        assert!(got.contains(&("x".into(), "y".into())));
+    }
 }

@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     pub(crate) wakeups: Arc<Wakeups>,
     /// hyper's HTTP/1 connection builder, configured once.
     pub(crate) http1: http1::Builder,
+    /// hyper's HTTP/2 connection builder, when HTTP/2 is enabled.
+    pub(crate) http2: Option<hyper::server::conn::http2::Builder<crate::http::h2conn::StreamExec>>,
     dispatched: AtomicU64,
     stop: watch::Sender<Option<Stop>>,
     /// Every open connection (for drain and abort).
@@ -100,6 +102,11 @@ impl Shared {
             };
             h1.max_headers(n);
         }
+        let tracker = TaskTracker::new();
+        let h2 = config
+            .http2
+            .as_ref()
+            .map(|h| crate::http::h2conn::builder(h, &config, tracker.clone()));
         // One Tokio thread: announce events when it parks (see PyQueue).
         let queue = PyQueue::new(config.tokio_threads <= 1)?;
         Ok(Self {
@@ -107,10 +114,11 @@ impl Shared {
             queue,
             wakeups: Arc::new(Wakeups::default()),
             http1: h1,
+            http2: h2,
             dispatched: AtomicU64::new(0),
             stop: watch::channel(None).0,
             connections: Connections::default(),
-            tracker: TaskTracker::new(),
+            tracker,
             trim: crate::runtime::Trim::default(),
             tls,
             tls_server_cert,

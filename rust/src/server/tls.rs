@@ -48,10 +48,13 @@ pub struct TlsSettings {
     pub ciphers: Option<String>,
     /// Allowed versions: `"1.2"`, `"1.3"`. Default both.
     pub versions: Vec<String>,
+    /// ALPN protocols offered, in order of preference (rustls picks the
+    /// first the client also offers).
+    pub alpn: Vec<Vec<u8>>,
 }
 
 /// The `tls` extension's per-connection facts.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TlsInfo {
     /// e.g. `0x0304` for TLS 1.3.
     pub version: u16,
@@ -60,6 +63,8 @@ pub struct TlsInfo {
     /// The client's certificate chain as PEM, leaf first (empty without
     /// client authentication).
     pub client_cert_chain: Vec<String>,
+    /// ALPN selected `h2`.
+    pub h2: bool,
 }
 
 /// OpenSSL's names for the suites rustls implements.
@@ -223,7 +228,11 @@ pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
     let mut config = builder
         .with_single_cert(chain, key(&s.keyfile)?)
         .map_err(|e| format!("certfile/keyfile: {e}"))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = if s.alpn.is_empty() {
+        vec![b"http/1.1".to_vec()]
+    } else {
+        s.alpn.clone()
+    };
     Ok((TlsAcceptor::from(Arc::new(config)), server_pem))
 }
 
@@ -299,6 +308,7 @@ pub fn info(conn: &rustls::ServerConnection) -> TlsInfo {
             .peer_certificates()
             .map(|c| c.iter().map(|d| pem(d)).collect())
             .unwrap_or_default(),
+        h2: conn.alpn_protocol() == Some(b"h2"),
     }
 }
 

@@ -1,0 +1,356 @@
+//! One HTTP/2 connection: hyper's HTTP/2 state machine, with the same
+//! [`service::handle`] per stream as HTTP/1.1.
+//!
+//! What HTTP/1.1's driver ([`conn`](crate::http::conn)) keeps per
+//! connection is per stream here:
+//!
+//! * Each stream gets its own [`ConnCtx`] (sharing the connection's peer,
+//!   listener and TLS facts) whose [`Activity`] carries that request's
+//!   body-read and response-start deadlines. hyper runs each stream in its
+//!   own task ([`StreamExec`]), so the stream's future and body watch those
+//!   deadlines themselves ([`Deadlines`], [`H2Body`]).
+//! * The connection is idle when no stream is open: after
+//!   `keepalive_timeout` of that it is closed with GOAWAY.
+//! * No parking, no half-close hiding and no upgrades: HTTP/2 has its own
+//!   end-of-stream per request, and WebSockets over HTTP/2 (RFC 8441) are
+//!   not served yet.
+//! * Drain sends GOAWAY (NO_ERROR) and lets open streams finish;
+//!   `GoingAway` and `Abort` close the connection at once.
+
+use std::convert::Infallible;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::server::conn::http2;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, Http2};
+use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
+use crate::http::body::ResponseBody;
+use crate::http::conn::ConnCtx;
+use crate::http::exchange::Aborted;
+use crate::http::io::{ConnIo, Readiness};
+use crate::http::service;
+use crate::server::connections::{Member, Order};
+
+/// The connection preface of HTTP/2 (RFC 9113 §3.4).
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Streams reset by the client before the server accepted them that
+/// hyper tolerates at once (the Rapid Reset bound, CVE-2023-44487).
+const MAX_PENDING_ACCEPT_RESETS: usize = 20;
+
+/// Streams the server itself may reset for protocol errors before the
+/// connection is closed (hyper's guard against a peer provoking resets).
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
+/// Runs hyper's per-stream tasks in the worker's task tracker, so a
+/// stopping worker waits for them as for connections.
+#[derive(Clone)]
+pub(crate) struct StreamExec(TaskTracker);
+
+impl<F> hyper::rt::Executor<F> for StreamExec
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        self.0.spawn(fut);
+    }
+}
+
+/// hyper's HTTP/2 builder from the settings.
+pub(crate) fn builder(h: &Http2, cfg: &Config, tracker: TaskTracker) -> http2::Builder<StreamExec> {
+    let mut b = http2::Builder::new(StreamExec(tracker));
+    b.timer(TokioTimer::new())
+        .max_concurrent_streams(h.max_concurrent_streams)
+        .initial_stream_window_size(h.initial_window_size)
+        // The connection window allows every stream its window at once,
+        // within reason.
+        .initial_connection_window_size(
+            h.initial_window_size
+                .saturating_mul(h.max_concurrent_streams.min(16))
+                .clamp(65535, (1 << 31) - 1),
+        )
+        .max_frame_size(h.max_frame_size)
+        .max_header_list_size(h.max_header_list_size)
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
+        .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS)
+        // Per stream; the exchange's send buffer bounds what the app queues.
+        .max_send_buf_size(cfg.send_buffer.clamp(16 * 1024, 1 << 20))
+        .keep_alive_interval(None::<Duration>);
+    b
+}
+
+/// Whether a new cleartext connection opens with the HTTP/2 preface.
+/// Reads until the preface is complete or ruled out, within the
+/// header-read timeout; what was read stays in `io.prefix`.
+pub(crate) async fn sniff_preface<I>(io: &mut ConnIo<I>, header_timeout: Duration) -> bool
+where
+    I: AsyncRead + Unpin,
+{
+    let read = async {
+        while io.prefix.len() < PREFACE.len() {
+            if !PREFACE.starts_with(&io.prefix) {
+                return false;
+            }
+            let mut buf = [0u8; 1024];
+            match io.inner.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    let mut b = BytesMut::with_capacity(io.prefix.len() + n);
+                    b.extend_from_slice(&io.prefix);
+                    b.extend_from_slice(&buf[..n]);
+                    io.prefix = b.freeze();
+                }
+            }
+        }
+        io.prefix.starts_with(PREFACE)
+    };
+    if header_timeout.is_zero() {
+        return read.await;
+    }
+    tokio::time::timeout(header_timeout, read)
+        .await
+        .unwrap_or(false)
+}
+
+/// Open streams of one connection, for its idle timeout.
+#[derive(Default)]
+struct Streams {
+    open: AtomicUsize,
+    /// When the last stream closed ([`clock_ms`]).
+    since_ms: AtomicU64,
+}
+
+/// Counts a stream open from its head until its response is written or
+/// dropped.
+struct StreamGuard(Arc<Streams>);
+
+impl StreamGuard {
+    fn new(s: &Arc<Streams>) -> Self {
+        s.open.fetch_add(1, Ordering::Relaxed);
+        StreamGuard(Arc::clone(s))
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.since_ms.store(clock_ms(), Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A stream's deadline timer: records a passed deadline in the stream's
+/// activity (answered by the service, see `service::check_deadlines`).
+struct StreamTimer {
+    ctx: Arc<ConnCtx>,
+    t: Timeouts,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    at: u64,
+}
+
+impl StreamTimer {
+    fn new(ctx: Arc<ConnCtx>) -> Self {
+        let t = Timeouts::new(&ctx.shared.config);
+        StreamTimer {
+            ctx,
+            t,
+            sleep: None,
+            at: 0,
+        }
+    }
+
+    /// Called when the stream's work is pending: arms the timer for the
+    /// next deadline; `true` if a deadline passed (poll the work again).
+    fn poll(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            match self.ctx.activity.check(&self.t) {
+                Verdict::Expire(e) => {
+                    self.ctx.activity.expire(e);
+                    return true;
+                }
+                // Not returned while a request is in progress.
+                Verdict::Close(_) => return false,
+                Verdict::Next(at) => {
+                    let sleep = self
+                        .sleep
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline_at(at))));
+                    if self.at != at {
+                        sleep.as_mut().reset(deadline_at(at));
+                        self.at = at;
+                    }
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The stream's service future with its deadlines watched.
+struct Deadlines<F> {
+    inner: Pin<Box<F>>,
+    timer: Option<StreamTimer>,
+    guard: Option<StreamGuard>,
+}
+
+impl<F> Future for Deadlines<F>
+where
+    F: Future<Output = Result<hyper::Response<ResponseBody>, Infallible>>,
+{
+    type Output = Result<hyper::Response<H2Body>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        loop {
+            if let Poll::Ready(Ok(resp)) = this.inner.as_mut().poll(cx) {
+                let (parts, body) = resp.into_parts();
+                let body = H2Body {
+                    inner: body,
+                    timer: this.timer.take(),
+                    _guard: this.guard.take(),
+                };
+                return Poll::Ready(Ok(hyper::Response::from_parts(parts, body)));
+            }
+            if !this.timer.as_mut().is_some_and(|t| t.poll(cx)) {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+/// A response body on HTTP/2: the protocol-independent body, with the
+/// stream's body-read deadline watched and the stream counted open.
+pub(crate) struct H2Body {
+    inner: ResponseBody,
+    timer: Option<StreamTimer>,
+    _guard: Option<StreamGuard>,
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = Aborted;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        let this = self.get_mut();
+        loop {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => {
+                    if !this.timer.as_mut().is_some_and(|t| t.poll(cx)) {
+                        return Poll::Pending;
+                    }
+                }
+                ready => return ready,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves one HTTP/2 connection until it closes, idles out, or the server
+/// orders it to stop. Returns why it ended.
+pub(crate) async fn serve<I>(
+    io: ConnIo<I>,
+    ctx: &Arc<ConnCtx>,
+    member: &Member<'_>,
+    builder: &http2::Builder<StreamExec>,
+) -> &'static str
+where
+    I: AsyncRead + AsyncWrite + Readiness + Unpin + Send + 'static,
+{
+    let streams = Arc::new(Streams::default());
+    streams.since_ms.store(clock_ms(), Ordering::Relaxed);
+    let svc = {
+        let ctx = Arc::clone(ctx);
+        let streams = Arc::clone(&streams);
+        service_fn(move |req| {
+            let stream = Arc::new(ctx.for_stream());
+            stream.activity.start_request();
+            let guard = StreamGuard::new(&streams);
+            Deadlines {
+                inner: Box::pin(service::handle(req, Arc::clone(&stream))),
+                timer: Some(StreamTimer::new(stream)),
+                guard: Some(guard),
+            }
+        })
+    };
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), svc));
+    let keepalive = ctx.shared.config.keepalive_timeout.as_millis() as u64;
+    // While streams are open the idle timer only looks in this often (a
+    // stream closing does not wake the connection task).
+    let idle_check = keepalive.max(1000);
+    let mut timer = pin!(tokio::time::sleep_until(deadline_at(
+        clock_ms() + idle_check
+    )));
+    let mut registered = false;
+    let mut closing = false;
+    // An idle close whose GOAWAY the client leaves unanswered ends here.
+    let mut give_up = u64::MAX;
+    poll_fn(|cx| {
+        if !registered {
+            member.register(cx.waker());
+            registered = true;
+        }
+        match member.order() {
+            Order::Serve => {}
+            Order::Drain => {
+                if !closing {
+                    // GOAWAY (NO_ERROR); open streams finish.
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            _ => return Poll::Ready("server stop"),
+        }
+        if let Poll::Ready(res) = conn.as_mut().poll(cx) {
+            return Poll::Ready(match res {
+                Ok(()) => "closed",
+                Err(e) => {
+                    tracing::debug!("HTTP/2 connection ended: {e}");
+                    "error"
+                }
+            });
+        }
+        while timer.as_mut().poll(cx).is_ready() {
+            let now = clock_ms();
+            let mut next = now + idle_check;
+            if now >= give_up {
+                return Poll::Ready("keep-alive idle timeout");
+            }
+            if !closing && streams.open.load(Ordering::Relaxed) == 0 {
+                let due = streams.since_ms.load(Ordering::Relaxed) + keepalive;
+                if now + 5 >= due {
+                    closing = true;
+                    give_up = now + idle_check;
+                    conn.as_mut().graceful_shutdown();
+                    cx.waker().wake_by_ref();
+                } else {
+                    next = due;
+                }
+            }
+            timer.as_mut().reset(deadline_at(next));
+        }
+        Poll::Pending
+    })
+    .await
+}
