@@ -39,7 +39,8 @@ class RawH2:
 
     def __init__(self, port: int, sock: socket.socket | None = None) -> None:
         self.sock = sock or socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.conn = h2conn.H2Connection(config=h2config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False))
+        config = h2config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False)
+        self.conn = h2conn.H2Connection(config=config)
         self.conn.initiate_connection()
         self.flush()
         self.events: list = []
@@ -95,7 +96,7 @@ class RawH2:
                 raise TimeoutError(f"events so far: {self.events}")
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 self.events.append("eof")
@@ -250,7 +251,9 @@ def test_rst_stream_reaches_the_app_as_disconnect_other_streams_unaffected():
             raw.flush()
             wait_until(lambda: {"disconnect": "http.disconnect", "tag": "rst"} in events(s), what="disconnect")
             wait_until(
-                lambda: any(isinstance(e, dict) and e.get("send_after_disconnect") == "ClientDisconnected" for e in events(s)),
+                lambda: any(
+                    isinstance(e, dict) and e.get("send_after_disconnect") == "ClientDisconnected" for e in events(s)
+                ),
                 what="send() raising",
             )
             h, body = raw.response(other)

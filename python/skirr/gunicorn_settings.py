@@ -151,7 +151,10 @@ def check(cfg: Any) -> Problems:
         )
     elif cleartext == "both":
         p.inapplicable.append(
-            ("http2_cleartext", "Upgrade: h2c is not supported: only prior-knowledge is served (upgrade is answered as HTTP/1.1)")
+            (
+                "http2_cleartext",
+                "Upgrade: h2c is not supported: only prior-knowledge is served (upgrade is answered as HTTP/1.1)",
+            )
         )
     if _hook_is_set(cfg, "ssl_context"):
         p.errors.append(
