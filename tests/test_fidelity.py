@@ -159,6 +159,17 @@ def test_a_half_closed_client_gets_its_response(server):
         assert r.status == 200 and r.body == b"late"
 
 
+def test_a_request_the_app_gives_up_after_the_clients_eof_closes_the_connection(server):
+    # A client that sent its request and closed (a readiness probe that
+    # timed out): the app is told, stops, and the connection must end — not
+    # hold the worker's drain until graceful_timeout.
+    with RawConn(server.port, timeout=3) as c:
+        c.send(b"GET /give-up?id=gaveup HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.sock.shutdown(socket.SHUT_WR)
+        assert c.read_to_eof() == b""
+    assert seen(server, "gaveup") == {"gave_up": True}
+
+
 def test_a_half_closed_upload_gets_its_response(server):
     with RawConn(server.port) as c:
         c.send(b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")

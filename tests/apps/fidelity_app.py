@@ -165,6 +165,25 @@ async def conn_header(scope, receive, send, q, rec):
     await send({"type": "http.response.body", "body": b""})
 
 
+async def give_up_on_disconnect(scope, receive, send, q, rec):
+    """Quart's shape: a listener task ends the request on http.disconnect;
+    the handler (slow here) is cancelled and nothing is sent."""
+
+    async def listen():
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def handle():
+        await asyncio.sleep(5)
+        await _text(send, b"too late")
+
+    listener, handler = asyncio.ensure_future(listen()), asyncio.ensure_future(handle())
+    done, pending = await asyncio.wait([listener, handler], return_when=asyncio.FIRST_COMPLETED)
+    for t in pending:
+        t.cancel()
+    rec["gave_up"] = listener in done
+
+
 async def slow(scope, receive, send, q, rec):
     await asyncio.sleep(float(q.get("secs", "2")))
     await _text(send, b"late")
@@ -203,6 +222,7 @@ async def app(scope, receive, send):
         "/stream-forever": stream_forever,
         "/raise-after-start": raise_after_start,
         "/slow": slow,
+        "/give-up": give_up_on_disconnect,
         "/conn-header": conn_header,
         "/stream-then-block": stream_then_block,
     }[path]

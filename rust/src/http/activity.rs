@@ -107,6 +107,9 @@ pub(crate) struct Activity {
     /// The request in progress is plain HTTP (not a WebSocket handshake,
     /// whose client leaving must reach the app at once).
     plain_http: AtomicBool,
+    /// The client ended its side and the app, told so, gave the request
+    /// up without a response: the connection closes, writing nothing.
+    abandoned: AtomicBool,
 }
 
 impl Activity {
@@ -145,6 +148,17 @@ impl Activity {
     /// [`Activity::awaits_response`]).
     pub(crate) fn set_plain_http(&self, plain: bool) {
         self.plain_http.store(plain, Ordering::Relaxed);
+    }
+
+    /// See [`Activity::is_abandoned`].
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
+    }
+
+    /// The request in progress was given up after the client ended its
+    /// side: the HTTP/1.1 driver closes the connection.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Relaxed)
     }
 
     pub(crate) fn end_request(&self) {

@@ -358,6 +358,9 @@ where
         }
         match member.order() {
             Order::Abort | Order::GoingAway => return Poll::Ready(Stopped::Ended("server stop")),
+            _ if ctx.activity.is_abandoned() => {
+                return Poll::Ready(Stopped::Ended("client gone"));
+            }
             // hyper closes a connection with no request in progress at
             // once, and ends one in progress after its response, which then
             // says `Connection: close`. So it is told only once a request

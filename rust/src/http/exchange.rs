@@ -243,6 +243,11 @@ impl Exchange {
         st.out_end && st.out.is_empty() && !st.out_abort
     }
 
+    /// The client is gone (or counts as gone: see `next_message`).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.st.lock().gone
+    }
+
     /// Whether the Tokio side should read more request body now.
     pub(crate) fn wants_body(&self, shared: &Shared, expect_continue: bool) -> bool {
         let st = self.st.lock();

@@ -389,7 +389,17 @@ pub(crate) async fn handle(
             exch.client_eof(shared);
         }
         pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
-        exch.poll_head(cx, &conn.shared)
+        match exch.poll_head(cx, &conn.shared) {
+            Poll::Pending if conn.activity.peer_eof() && exch.is_gone() => {
+                // Told of the end of stream, the app gave up without an
+                // answer (Quart's disconnect listener cancels the handler):
+                // nothing will be written; the driver closes the connection.
+                conn.activity.abandon();
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            other => other,
+        }
     })
     .await;
     conn.activity.responded();
