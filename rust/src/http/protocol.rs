@@ -329,6 +329,14 @@ impl HttpProtocol {
         self.ctx.done(py)
     }
 
+    /// `send()` found the client gone: the response ends here (its line
+    /// logged with what reached the wire) and the app gets the error.
+    fn client_gone(&self, py: Python<'_>, st: &mut ProtoState) -> PyErr {
+        st.phase = Phase::Done;
+        self.log_wire(py, st);
+        ClientDisconnected::new_err("the client disconnected")
+    }
+
     /// A body on a 1xx/204/304 response is dropped, as every peer does
     /// (RFC 9110 §15.3.5, §15.4.5): warned once per status and app
     /// location (the frame that called `send()`).
@@ -536,9 +544,7 @@ impl HttpProtocol {
         match msg {
             HttpSend::Start { status, headers } => {
                 if self.exch.lock().gone {
-                    st.phase = Phase::Done;
-                    self.log_wire(py, &st);
-                    return Err(ClientDisconnected::new_err("the client disconnected"));
+                    return Err(self.client_gone(py, &mut st));
                 }
                 if st.phase != Phase::Initial {
                     if st.phase == Phase::Done && self.exch.lock().gone {
@@ -590,9 +596,7 @@ impl HttpProtocol {
                     Phase::Held | Phase::Streaming | Phase::WireDone => {}
                 }
                 if self.exch.lock().gone {
-                    st.phase = Phase::Done;
-                    self.log_wire(py, &st);
-                    return Err(ClientDisconnected::new_err("the client disconnected"));
+                    return Err(self.client_gone(py, &mut st));
                 }
                 let mut body = body;
                 if self.head {
