@@ -330,7 +330,9 @@ pub(crate) async fn handle(
             }
         }
     }
-    if crate::websocket::handshake::is_upgrade(&parts) {
+    if crate::websocket::handshake::is_upgrade(&parts)
+        || crate::websocket::handshake::is_extended_connect(&parts)
+    {
         conn.not_plain_http();
         return Ok(crate::websocket::service::handle(parts, conn, busy).await);
     }
