@@ -224,8 +224,13 @@ def test_denials_are_http_responses_on_the_stream():
         sid = c.conn.get_next_available_stream_id()
         c.conn.send_headers(
             sid,
-            [(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "http"), (":path", "/echo"),
-             (":authority", "example.test")],
+            [
+                (":method", "CONNECT"),
+                (":protocol", "websocket"),
+                (":scheme", "http"),
+                (":path", "/echo"),
+                (":authority", "example.test"),
+            ],
         )
         c.flush()
         assert response_head(c, sid)[":status"] == "400"

@@ -184,7 +184,10 @@ pub(crate) fn http_scope<'py>(
         &n.http
     };
     put(&scope, &n.scheme, scheme.bind(py))?;
-    put(&scope, &n.extensions, &extensions(py, &req.conn)?)?;
+    let ext = extensions(py, &req.conn)?;
+    // ASGI path send extension: `http.response.pathsend` is served.
+    ext.set_item(pyo3::intern!(py, "http.response.pathsend"), PyDict::new(py))?;
+    put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
 

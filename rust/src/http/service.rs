@@ -410,6 +410,7 @@ pub(crate) async fn handle(
 
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),
+        BodyOut::File { file, len } => ResponseBody::file(file, len, busy),
         BodyOut::Stream => ResponseBody::stream(
             StreamBody::new(exch, incoming, Arc::clone(&conn), expect_continue),
             busy,

@@ -125,7 +125,7 @@ pub(crate) async fn handle(
         Decision::Respond(head) => {
             let body = match head.body {
                 BodyOut::Full(b) => b,
-                BodyOut::Stream => Bytes::new(),
+                BodyOut::Stream | BodyOut::File { .. } => Bytes::new(),
             };
             let mut resp = Response::new(ResponseBody::full(body, busy));
             *resp.status_mut() = head.status;
