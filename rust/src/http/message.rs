@@ -28,7 +28,9 @@ pub(crate) enum HttpSend {
     },
     /// `http.response.pathsend` (ASGI path send extension): the server
     /// sends the file at `path` as the whole body.
-    PathSend { path: String },
+    PathSend {
+        path: String,
+    },
 }
 
 /// Holds a `bytes` object so hyper can write its buffer without a copy.

@@ -373,7 +373,8 @@ impl HttpProtocol {
             return Err(self.client_gone(py, st));
         }
         let fail = |why: String| PyRuntimeError::new_err(format!("http.response.pathsend: {why}"));
-        let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open {path:?}: {e}")))?;
+        let file =
+            std::fs::File::open(path).map_err(|e| fail(format!("cannot open {path:?}: {e}")))?;
         let meta = file
             .metadata()
             .map_err(|e| fail(format!("cannot stat {path:?}: {e}")))?;
