@@ -74,6 +74,11 @@ impl StreamBody {
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
+                if let Some(t) = self.exch.take_trailers() {
+                    // hyper writes them as the chunked trailer section
+                    // (HTTP/1.1) or a final HEADERS frame (HTTP/2).
+                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                }
                 self.finished = true;
                 Poll::Ready(None)
             }

@@ -86,6 +86,8 @@ pub(crate) struct ExchState {
     pub(crate) out: VecDeque<Bytes>,
     pub(crate) out_bytes: usize,
     pub(crate) out_end: bool,
+    /// The trailer section, written after the last chunk.
+    pub(crate) out_trailers: Option<HeaderMap>,
     pub(crate) out_abort: bool,
     /// The Tokio task waiting for the head, a chunk, or room to read body.
     pub(crate) tokio_waker: Option<Waker>,
@@ -382,6 +384,19 @@ impl Exchange {
         let full = st.out_bytes >= shared.config.send_buffer && !end;
         wake_tokio(&mut st, shared);
         full
+    }
+
+    /// Ends the response with a trailer section.
+    pub(crate) fn push_trailers(&self, trailers: HeaderMap, shared: &Shared) {
+        let mut st = self.st.lock();
+        st.out_trailers = Some(trailers);
+        st.out_end = true;
+        wake_tokio(&mut st, shared);
+    }
+
+    /// The trailer section, once the chunks are out (taken once).
+    pub(crate) fn take_trailers(&self) -> Option<HeaderMap> {
+        self.st.lock().out_trailers.take()
     }
 
     /// The app failed mid-stream: the connection will be closed.

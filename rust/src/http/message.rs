@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONNECTION, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString, PyTuple};
 
@@ -21,6 +22,8 @@ pub(crate) enum HttpSend {
     Start {
         status: StatusCode,
         headers: HeaderMap,
+        /// `trailers`: `http.response.trailers` messages follow the body.
+        trailers: bool,
     },
     Body {
         body: Bytes,
@@ -31,7 +34,29 @@ pub(crate) enum HttpSend {
     PathSend {
         path: String,
     },
+    /// `http.response.trailers` (ASGI HTTP trailers extension).
+    Trailers {
+        headers: HeaderMap,
+        more_trailers: bool,
+    },
 }
+
+/// Fields a trailer section must not carry (RFC 9110 §6.5.1: framing,
+/// routing, authentication, response control, content metadata).
+const NOT_TRAILERS: [HeaderName; 12] = [
+    http::header::AUTHORIZATION,
+    http::header::CACHE_CONTROL,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LENGTH,
+    http::header::CONTENT_RANGE,
+    http::header::CONTENT_TYPE,
+    http::header::HOST,
+    http::header::MAX_FORWARDS,
+    http::header::SET_COOKIE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::TE,
+];
 
 /// Holds a `bytes` object so hyper can write its buffer without a copy.
 struct PyBytesOwner {
@@ -291,20 +316,41 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
             Some(h) => parse_headers(&h, WHAT)?,
             None => HeaderMap::new(),
         };
-        if let Some(tr) = d.get_item(n.trailers.bind(py))? {
-            if tr.is_truthy()? {
-                return Err(PyRuntimeError::new_err(
-                    "http.response.start 'trailers' is not supported by this server \
-                     (the http.response.trailers extension is not advertised)",
-                ));
-            }
+        let trailers = match d.get_item(n.trailers.bind(py))? {
+            Some(tr) => tr.is_truthy()?,
+            None => false,
+        };
+        return Ok(HttpSend::Start {
+            status,
+            headers,
+            trailers,
+        });
+    }
+    if kind == "http.response.trailers" {
+        const WHAT: &str = "http.response.trailers";
+        let headers = match d.get_item(n.headers.bind(py))? {
+            Some(h) => parse_headers(&h, WHAT)?,
+            None => HeaderMap::new(),
+        };
+        if let Some(bad) = headers.keys().find(|k| NOT_TRAILERS.contains(k)) {
+            return Err(PyRuntimeError::new_err(format!(
+                "http.response.trailers cannot carry {:?} (RFC 9110 §6.5.1)",
+                bad.as_str()
+            )));
         }
-        return Ok(HttpSend::Start { status, headers });
+        let more_trailers = match d.get_item(intern!(py, "more_trailers"))? {
+            Some(m) => m.is_truthy()?,
+            None => false,
+        };
+        return Ok(HttpSend::Trailers {
+            headers,
+            more_trailers,
+        });
     }
     Err(PyRuntimeError::new_err(format!(
         "unexpected ASGI message type {:?} on an HTTP connection \
-         (expected 'http.response.start', 'http.response.body' or \
-         'http.response.pathsend')",
+         (expected 'http.response.start', 'http.response.body', \
+         'http.response.pathsend' or 'http.response.trailers')",
         t.to_string_lossy()
     )))
 }

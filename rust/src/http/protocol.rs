@@ -36,6 +36,9 @@ enum Phase {
     /// `more_body` still true (file responses end with an empty final
     /// chunk): the wire is complete, the app's final message is awaited.
     WireDone,
+    /// The final body was sent; the trailer section the start announced
+    /// (`trailers: True`) is awaited.
+    Trailers,
     /// Final body sent (or a 500 produced).
     Done,
 }
@@ -54,6 +57,12 @@ struct ProtoState {
     response_headers: Option<Py<PyAny>>,
     /// Access logging is on (the scope waits in the exchange).
     logging: bool,
+    /// The start said `trailers: True`.
+    announced: bool,
+    /// ...and they will be written (not HEAD, not a bodiless status).
+    trailing: bool,
+    /// Trailer fields gathered over `more_trailers` messages.
+    trailers: Option<HeaderMap>,
 }
 
 /// `receive` and `send` callables for one HTTP request.
@@ -206,6 +215,9 @@ impl HttpProtocol {
                 no_body: false,
                 logging,
                 response_headers: None,
+                announced: false,
+                trailing: false,
+                trailers: None,
             }),
         }
     }
@@ -280,7 +292,7 @@ impl HttpProtocol {
                 );
                 self.finish(py, st);
             }
-            Phase::Streaming => {
+            Phase::Streaming | Phase::Trailers => {
                 self.exch.abort(&self.ctx.shared);
                 st.phase = Phase::Done;
                 self.exch.lock().responded = true;
@@ -362,7 +374,7 @@ impl HttpProtocol {
                 ))
             }
             Phase::Done => return Err(ClientDisconnected::new_err("the client disconnected")),
-            Phase::Streaming | Phase::WireDone => {
+            Phase::Streaming | Phase::WireDone | Phase::Trailers => {
                 return Err(PyRuntimeError::new_err(
                     "http.response.pathsend after http.response.body: the file must be the \
                      whole body",
@@ -412,6 +424,61 @@ impl HttpProtocol {
             &self.ctx.shared,
         );
         self.finish(py, st);
+        self.ctx.done(py)
+    }
+
+    /// `http.response.trailers` (ASGI HTTP trailers extension): gathered
+    /// until `more_trailers` is false, then written after the body — a
+    /// final HEADERS frame on HTTP/2, the chunked trailer section on
+    /// HTTP/1.1 (where hyper writes the fields the response's `Trailer`
+    /// header names, and only if the request had `TE: trailers`). Where
+    /// the response has no room for them (HEAD, 204/304, a body framed by
+    /// `Content-Length`) they are accepted and dropped.
+    fn trailers<'py>(
+        &self,
+        py: Python<'py>,
+        st: &mut ProtoState,
+        headers: HeaderMap,
+        more: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if !st.announced {
+            return Err(PyRuntimeError::new_err(
+                "http.response.trailers without 'trailers': True in http.response.start",
+            ));
+        }
+        match st.phase {
+            Phase::Initial | Phase::Held | Phase::Streaming => {
+                return Err(PyRuntimeError::new_err(
+                    "http.response.trailers before the final http.response.body",
+                ))
+            }
+            Phase::Done if self.exch.lock().gone => {
+                return Err(ClientDisconnected::new_err("the client disconnected"))
+            }
+            // Nowhere to write them.
+            Phase::Done => return self.ctx.done(py),
+            Phase::WireDone => {
+                if !more {
+                    self.finish(py, st);
+                }
+                return self.ctx.done(py);
+            }
+            Phase::Trailers => {}
+        }
+        if self.exch.lock().gone {
+            return Err(self.client_gone(py, st));
+        }
+        let all = st.trailers.get_or_insert_with(HeaderMap::new);
+        for (name, value) in headers {
+            if let Some(name) = name {
+                all.append(name, value);
+            }
+        }
+        if !more {
+            let all = st.trailers.take().unwrap_or_default();
+            self.exch.push_trailers(all, &self.ctx.shared);
+            self.finish(py, st);
+        }
         self.ctx.done(py)
     }
 
@@ -620,7 +687,11 @@ impl HttpProtocol {
         let shared = &self.ctx.shared;
         let mut st = self.st.lock();
         match msg {
-            HttpSend::Start { status, headers } => {
+            HttpSend::Start {
+                status,
+                headers,
+                trailers,
+            } => {
                 if self.exch.lock().gone {
                     return Err(self.client_gone(py, &mut st));
                 }
@@ -648,6 +719,8 @@ impl HttpProtocol {
                     declared
                 };
                 st.status = status.as_u16();
+                st.announced = trailers;
+                st.trailing = trailers && !self.head && !st.no_body;
                 if st.logging {
                     let h = message.get_item(names(py).headers.bind(py)).ok();
                     st.response_headers = h.map(Bound::unbind);
@@ -657,6 +730,10 @@ impl HttpProtocol {
                 self.ctx.done(py)
             }
             HttpSend::PathSend { path } => self.path_send(py, &mut st, &path),
+            HttpSend::Trailers {
+                headers,
+                more_trailers,
+            } => self.trailers(py, &mut st, headers, more_trailers),
             HttpSend::Body { body, more_body } => {
                 match st.phase {
                     Phase::Initial => {
@@ -671,6 +748,12 @@ impl HttpProtocol {
                         } else {
                             "the response is already complete"
                         }));
+                    }
+                    Phase::Trailers => {
+                        return Err(PyRuntimeError::new_err(
+                            "http.response.body after the final body: \
+                             http.response.trailers is expected",
+                        ))
                     }
                     Phase::Held | Phase::Streaming | Phase::WireDone => {}
                 }
@@ -712,7 +795,8 @@ impl HttpProtocol {
                 let wire_end = !more_body || st.declared == Some(total) || self.head;
                 if st.phase == Phase::Held {
                     let (status, headers) = st.held.take().unwrap_or_default();
-                    if wire_end {
+                    // Trailers need a streamed body (chunked on HTTP/1.1).
+                    if wire_end && !st.trailing {
                         self.exch.respond(
                             ResponseHead {
                                 status,
@@ -741,6 +825,12 @@ impl HttpProtocol {
                 if more_body && wire_end {
                     self.exch.push_out(body, true, shared);
                     st.phase = Phase::WireDone;
+                    return self.ctx.done(py);
+                }
+                if !more_body && st.trailing {
+                    // The body ends with the trailer section, still to come.
+                    self.exch.push_out(body, false, shared);
+                    st.phase = Phase::Trailers;
                     return self.ctx.done(py);
                 }
                 let full = self.exch.push_out(body, !more_body, shared);

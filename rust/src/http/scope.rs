@@ -188,6 +188,8 @@ pub(crate) fn http_scope<'py>(
     let ext = extensions(py, &req.conn)?;
     // ASGI path send extension: `http.response.pathsend` is served.
     ext.set_item(pyo3::intern!(py, "http.response.pathsend"), PyDict::new(py))?;
+    // ASGI HTTP trailers extension.
+    ext.set_item(pyo3::intern!(py, "http.response.trailers"), PyDict::new(py))?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
