@@ -25,7 +25,7 @@ from h2frames import (
     Closed,
     Frames,
 )
-from harness import request, rss_kib, skirr, wait_until
+from harness import gunicorn, request, rss_kib, skirr, wait_until
 
 httpx = pytest.importorskip("httpx")
 hyperframe = pytest.importorskip("hyperframe.frame")
@@ -491,3 +491,36 @@ def test_send_timeout_on_http11_closes_a_connection_whose_socket_takes_nothing()
         finally:
             c.close()
         assert request(s.port, "GET", "/").status == 200
+
+
+def _stalled_stream_reset(port: int, wait: float) -> RstStreamFrame | None:
+    """Asks for 1 MiB on a stream whose window stays 0; its RST_STREAM if
+    one comes within ``wait`` seconds."""
+    with Frames(port, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0}) as c:
+        c.get(1, f"/big?n={1 << 20}&tag=cfg")
+        try:
+            return c.rst(1, timeout=wait)
+        except TimeoutError:
+            return None
+
+
+def test_send_timeout_under_gunicorn_from_skirr_send_timeout(tmp_path):
+    """Gunicorn: ``skirr_send_timeout`` in the config file."""
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text("skirr_send_timeout = 1\n")
+    with gunicorn(APP, "-c", str(conf), *H2C) as g:
+        t0 = time.monotonic()
+        rst = _stalled_stream_reset(g.port, 10)
+        assert rst is not None and rst.error_code == CANCEL
+        assert time.monotonic() - t0 < 5
+
+
+def test_send_timeout_zero_never_resets_and_the_environment_sets_it():
+    """``SKIRR_SEND_TIMEOUT=0``: a stalled stream is left alone (the client
+    owns its window), here for 2.5 s, twice the 1 s it would take with
+    SKIRR_SEND_TIMEOUT=1."""
+    with skirr(APP, *H2C, env={"SKIRR_SEND_TIMEOUT": "0"}) as s:
+        assert _stalled_stream_reset(s.port, 2.5) is None
+    with skirr(APP, *H2C, env={"SKIRR_SEND_TIMEOUT": "1"}) as s:
+        rst = _stalled_stream_reset(s.port, 10)
+        assert rst is not None and rst.error_code == CANCEL
