@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import threading
 import time
 
@@ -524,3 +525,50 @@ def test_send_timeout_zero_never_resets_and_the_environment_sets_it():
     with skirr(APP, *H2C, env={"SKIRR_SEND_TIMEOUT": "1"}) as s:
         rst = _stalled_stream_reset(s.port, 10)
         assert rst is not None and rst.error_code == CANCEL
+
+
+def test_send_timeout_over_tls_closes_without_waiting_on_the_stalled_socket(tmp_path):
+    """HTTP/1.1 over TLS: closing a connection whose client reads nothing
+    must not wait for the TLS close_notify to be written (it never would
+    be). With one connection slot, the next client is served only once the
+    stalled one has really gone."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    ca_pem, cert, key = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_pem))
+    leaf.private_key_pem.write_to_path(str(key))
+    for i, blob in enumerate(leaf.cert_chain_pems):
+        blob.write_to_path(str(cert), append=i > 0)
+    ctx = ssl.create_default_context(cafile=str(ca_pem))
+    args = ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--send-timeout", "1", "--keepalive-timeout", "1"]
+
+    def get(port: int, path: str) -> bytes:
+        with ctx.wrap_socket(
+            socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1"
+        ) as t:
+            t.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := t.recv(65536):
+                data += chunk
+            return data.partition(b"\r\n\r\n")[2]
+
+    def up(port: int) -> bool:
+        try:
+            return get(port, "/") == b"ok"
+        except OSError:
+            return False
+
+    with skirr(APP, *args, "--max-connections", "1", ready=False) as s:
+        wait_until(lambda: up(s.port), 20, 0.05, "TLS server")
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(10)
+        raw.connect(("127.0.0.1", s.port))
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as stalled:
+            stalled.sendall(b"GET /big?n=104857600&tag=tls HTTP/1.1\r\nHost: x\r\n\r\n")
+            t0 = time.monotonic()
+            # Waits in the backlog until the stalled connection's slot frees.
+            evs = json.loads(get(s.port, "/events"))
+            assert time.monotonic() - t0 < 6
+            assert evs[0]["big"] == "ClientDisconnected" and evs[0]["tag"] == "tls"
