@@ -572,3 +572,21 @@ def test_send_timeout_over_tls_closes_without_waiting_on_the_stalled_socket(tmp_
             evs = json.loads(get(s.port, "/events"))
             assert time.monotonic() - t0 < 6
             assert evs[0]["big"] == "ClientDisconnected" and evs[0]["tag"] == "tls"
+
+
+def test_send_timeout_on_http2_when_the_socket_takes_nothing():
+    """HTTP/2 with the windows wide open but a client that reads nothing
+    from its socket: h2's buffer for the stream fills, hyper stops asking
+    for pieces, and after send_timeout the stream is given up (the app's
+    send() raised ClientDisconnected) even though no RST_STREAM can reach
+    the client."""
+    with skirr(APP, *H2C, "--send-timeout", "1") as s:
+        with Frames(s.port, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 2**31 - 1}, rcvbuf=4096) as c:
+            c.send(WindowUpdateFrame(0, window_increment=2**31 - 1 - 65535))
+            t0 = time.monotonic()
+            c.get(1, f"/big?n={100 << 20}&tag=sock")
+            evs = wait_until(lambda: events(s) if len(events(s)) >= 2 else None)
+            assert time.monotonic() - t0 < 6
+            assert evs[0]["big"] == "ClientDisconnected" and evs[0]["sent"] < 100 << 20
+            assert evs[1] == {"receive": "http.disconnect", "tag": "sock"}
+        served(s)
