@@ -317,6 +317,29 @@ def test_idle_h2_connection_is_closed_after_keepalive_timeout():
             raw.close()
 
 
+def test_keepalive_pings_close_a_connection_that_never_answers():
+    from hyperframe.frame import PingFrame
+
+    args = (*H2C, "--keepalive-timeout", "30", "--http2-ping-interval", "0.3", "--http2-ping-timeout", "0.5")
+    with skirr("apps.probe:app", *args) as s:
+        # A client that answers (the h2 package acks every PING) stays.
+        live = RawH2(s.port)
+        live.pump(lambda _evs: sum(isinstance(f, PingFrame) for f in live.frames) >= 3)
+        h, _ = live.response(live.request("/"))
+        assert h[":status"] == ["200"]
+        # One that never reads an answer is closed after the timeout.
+        mute = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        mute.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        t0 = time.monotonic()
+        got = b""
+        while chunk := mute.recv(65536):
+            got += chunk
+        assert time.monotonic() - t0 < 5
+        assert b"\x06\x00\x00\x00\x00\x00" in got  # a PING frame header (type 6, no flags, stream 0)
+        mute.close()
+        live.close()
+
+
 def test_a_head_that_never_completes_is_closed_by_the_idle_timeout():
     from hpack import Encoder
     from hyperframe.frame import HeadersFrame, SettingsFrame

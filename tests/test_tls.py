@@ -315,3 +315,81 @@ def test_encrypted_key_is_refused_clearly(pki, tmp_path):
     with gunicorn("apps.probe:app", "--certfile", pki["cert"], "--keyfile", str(enc), ready=False) as g:
         assert g.wait(20) != 0
         assert "encrypted with a passphrase" in g.logs()
+
+
+SUBJECTS = [
+    # name attributes in certificate order (the RFC 4514 string is reversed)
+    [[("C", "DE")], [("O", "Acme, Inc.")], [("OU", "R+D; <lab>")], [("CN", "#lead and trail ")]],
+    [[("DC", "test")], [("DC", "example")], [("UID", "jdoe"), ("CN", "Jane \"J\" Doe")]],
+    [[("CN", "Grüße 東京")], [("emailAddress", "jane@example.test")], [("L", "back\\slash")]],
+]
+
+
+def _client_pki(d, subject):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    oids = {
+        "C": NameOID.COUNTRY_NAME,
+        "O": NameOID.ORGANIZATION_NAME,
+        "OU": NameOID.ORGANIZATIONAL_UNIT_NAME,
+        "CN": NameOID.COMMON_NAME,
+        "DC": NameOID.DOMAIN_COMPONENT,
+        "UID": NameOID.USER_ID,
+        "L": NameOID.LOCALITY_NAME,
+        "emailAddress": NameOID.EMAIL_ADDRESS,
+    }
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "client CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    name = x509.Name(
+        [x509.RelativeDistinguishedName([x509.NameAttribute(oids[k], v) for k, v in rdn]) for rdn in subject]
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (d / "client-ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / "c.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(d / "client-ca.pem"), (str(d / "c.pem"), str(d / "c.key")), cert.subject.rfc4514_string()
+
+
+@pytest.mark.parametrize("subject", SUBJECTS, ids=["escapes", "multi-valued", "non-ascii-and-oid"])
+def test_client_cert_name_is_the_subject_as_cryptography_writes_it(pki, tmp_path, subject):
+    client_ca, client, want = _client_pki(tmp_path, subject)
+    args = ["--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], "--ssl-ca-certs", client_ca]
+    with skirr("apps.probe:app", *args, "--ssl-cert-reqs", "1", ready=False) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        _, body, _ = tls_get(s.port, pki["ca"], cert=client)
+        tls = json.loads(body)["extensions"]["tls"]
+        assert tls["client_cert_name"] == want
+        assert tls["client_cert_error"] is None
+        # Without a certificate: None.
+        _, body, _ = tls_get(s.port, pki["ca"])
+        assert json.loads(body)["extensions"]["tls"]["client_cert_name"] is None

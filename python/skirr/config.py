@@ -386,6 +386,24 @@ OPTIONS: tuple[Option, ...] = (
         "largest HTTP/2 header list accepted, uncompressed (bytes)",
         gunicorn="http2_max_header_list_size",
     ),
+    Option(
+        "http2_websockets",
+        False,
+        _bool,
+        "serve WebSockets over HTTP/2 (RFC 8441 extended CONNECT; sends SETTINGS_ENABLE_CONNECT_PROTOCOL)",
+    ),
+    Option(
+        "http2_ping_interval",
+        0.0,
+        _seconds,
+        "the server PINGs each HTTP/2 connection this often (seconds; 0: never)",
+    ),
+    Option(
+        "http2_ping_timeout",
+        20.0,
+        _seconds,
+        "an HTTP/2 PING unanswered for this long closes the connection (seconds)",
+    ),
     Option("ssl_certfile", None, _optional_str, "serve TLS with this PEM certificate chain", gunicorn="certfile"),
     Option(
         "ssl_keyfile", None, _optional_str, "the PEM private key (unencrypted) for ssl_certfile", gunicorn="keyfile"

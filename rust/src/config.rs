@@ -150,6 +150,16 @@ pub struct Http2 {
     pub max_frame_size: u32,
     /// SETTINGS_MAX_HEADER_LIST_SIZE. Default 65536.
     pub max_header_list_size: u32,
+    /// WebSockets over HTTP/2 (RFC 8441): SETTINGS_ENABLE_CONNECT_PROTOCOL
+    /// is sent and an extended CONNECT with `:protocol websocket` reaches
+    /// the app as a WebSocket. Default off (`http2_websockets`).
+    pub websockets: bool,
+    /// The server PINGs a connection this often; zero (the default) sends
+    /// none (`http2_ping_interval`, seconds).
+    pub ping_interval: Duration,
+    /// A PING unanswered for this long closes the connection. Default 20 s
+    /// (`http2_ping_timeout`).
+    pub ping_timeout: Duration,
 }
 
 impl Default for Http2 {
@@ -162,6 +172,9 @@ impl Default for Http2 {
             initial_window_size: 65535,
             max_frame_size: 16384,
             max_header_list_size: 65536,
+            websockets: false,
+            ping_interval: Duration::ZERO,
+            ping_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -480,6 +493,9 @@ impl Config {
                 "http2_max_header_list_size" => {
                     h2.max_header_list_size = count::<u32>(&v, key)?.max(1)
                 }
+                "http2_websockets" => h2.websockets = v.extract()?,
+                "http2_ping_interval" => h2.ping_interval = secs(&v, key)?,
+                "http2_ping_timeout" => h2.ping_timeout = secs(&v, key)?,
                 "forwarder_headers" => {
                     proxy.script_name = str_list(&v, key)?
                         .iter()

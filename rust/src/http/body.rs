@@ -91,9 +91,66 @@ impl Drop for StreamBody {
     }
 }
 
+/// Bytes read from a file per body frame (`http.response.pathsend`).
+const FILE_CHUNK: usize = 256 * 1024;
+
+/// A file sent as the body: `left` bytes still to read. Reads go through
+/// Tokio's blocking pool (`tokio::fs`), so a slow disk never stalls the
+/// connection task; hyper owns the socket writes, so there is no
+/// `sendfile(2)`. The descriptor closes when hyper drops the body (done,
+/// client gone, drain).
+pub(crate) struct FileBody {
+    file: tokio::fs::File,
+    left: u64,
+    buf: bytes::BytesMut,
+}
+
+impl FileBody {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        use tokio::io::{AsyncRead, ReadBuf};
+
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let want = self.left.min(FILE_CHUNK as u64) as usize;
+        if self.buf.capacity() < want {
+            self.buf.reserve(want - self.buf.len());
+        }
+        let spare = &mut self.buf.spare_capacity_mut()[..want];
+        let mut rb = ReadBuf::uninit(spare);
+        match Pin::new(&mut self.file).poll_read(cx, &mut rb) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => {
+                let n = rb.filled().len();
+                if n == 0 {
+                    // The file shrank after its length was sent: the
+                    // response cannot be completed; the connection closes.
+                    tracing::error!(
+                        "http.response.pathsend: the file ended {} bytes early",
+                        self.left
+                    );
+                    self.left = 0;
+                    return Poll::Ready(Some(Err(Aborted)));
+                }
+                // SAFETY: `poll_read` initialised the first `n` bytes of
+                // the spare capacity, which `rb` was built over.
+                unsafe { self.buf.set_len(n) };
+                self.left -= n as u64;
+                Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))))
+            }
+            Poll::Ready(Err(e)) => {
+                tracing::error!("http.response.pathsend: reading the file failed: {e}");
+                self.left = 0;
+                Poll::Ready(Some(Err(Aborted)))
+            }
+        }
+    }
+}
+
 enum Kind {
     Full(Option<Bytes>),
     Stream(Box<StreamBody>),
+    File(Box<FileBody>),
 }
 
 /// A response body: whole, or streamed from the app.
@@ -109,6 +166,18 @@ impl ResponseBody {
     pub(crate) fn full(data: Bytes, busy: BusyGuard) -> Self {
         Self {
             kind: Kind::Full(Some(data)),
+            _busy: busy,
+        }
+    }
+
+    /// The first `len` bytes of `file` (opened and measured by the caller).
+    pub(crate) fn file(file: std::fs::File, len: u64, busy: BusyGuard) -> Self {
+        Self {
+            kind: Kind::File(Box::new(FileBody {
+                file: tokio::fs::File::from_std(file),
+                left: len,
+                buf: bytes::BytesMut::new(),
+            })),
             _busy: busy,
         }
     }
@@ -150,6 +219,7 @@ impl Body for ResponseBody {
         match &mut self.get_mut().kind {
             Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Kind::Stream(s) => s.poll(cx),
+            Kind::File(f) => f.poll(cx),
         }
     }
 
@@ -157,6 +227,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(d) => d.as_ref().is_none_or(Bytes::is_empty),
             Kind::Stream(_) => false,
+            Kind::File(f) => f.left == 0,
         }
     }
 
@@ -164,6 +235,7 @@ impl Body for ResponseBody {
         match &self.kind {
             Kind::Full(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
             Kind::Stream(_) => SizeHint::default(),
+            Kind::File(f) => SizeHint::with_exact(f.left),
         }
     }
 }

@@ -35,6 +35,9 @@ pub(crate) enum BodyOut {
     Full(Bytes),
     /// Chunks follow through the exchange's queue.
     Stream,
+    /// A file's first `len` bytes (`http.response.pathsend`), read by the
+    /// Tokio side; written with a `Content-Length`.
+    File { file: std::fs::File, len: u64 },
 }
 
 /// A response head ready for the wire.
@@ -186,8 +189,10 @@ impl Exchange {
         let mut st = self.st.lock();
         if let Some(head) = st.head.take() {
             st.wire_status = head.status.as_u16();
-            if let BodyOut::Full(b) = &head.body {
-                st.wire_bytes = b.len() as u64;
+            match &head.body {
+                BodyOut::Full(b) => st.wire_bytes = b.len() as u64,
+                BodyOut::File { len, .. } => st.wire_bytes = *len,
+                BodyOut::Stream => {}
             }
             return Poll::Ready(head);
         }

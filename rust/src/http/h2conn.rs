@@ -11,11 +11,17 @@
 //!   deadlines themselves ([`Deadlines`], [`H2Body`]).
 //! * The connection is idle when no stream is open: after
 //!   `keepalive_timeout` of that it is closed with GOAWAY.
-//! * No parking, no half-close hiding and no upgrades: HTTP/2 has its own
-//!   end-of-stream per request, and WebSockets over HTTP/2 (RFC 8441) are
-//!   not served yet.
+//! * No parking and no half-close hiding: HTTP/2 has its own end-of-stream
+//!   per request.
+//! * WebSockets over HTTP/2 (RFC 8441, `http2_websockets`): an accepted
+//!   extended CONNECT stream is handed by hyper as an upgraded stream to
+//!   the WebSocket driver, in a task of its own that joins the server's
+//!   connections (so drain orders reach it) and keeps the stream counted
+//!   open.
 //! * Drain sends GOAWAY (NO_ERROR) and lets open streams finish;
-//!   `GoingAway` and `Abort` close the connection at once.
+//!   `GoingAway` closes the connection at once unless WebSockets are open
+//!   (they send close 1001 and end within their close timeout); `Abort`
+//!   closes it at once.
 //! * `send_timeout`: hyper stops polling a response body while the
 //!   stream has no send capacity (its window, or the connection's, stays
 //!   closed; or the socket takes nothing), so neither the body nor the
@@ -36,6 +42,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_util::task::TaskTracker;
@@ -175,7 +182,12 @@ pub(crate) fn builder(h: &Http2, cfg: &Config, tracker: TaskTracker) -> http2::B
         .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS)
         // Per stream; the exchange's send buffer bounds what the app queues.
         .max_send_buf_size(cfg.send_buffer.clamp(16 * 1024, 1 << 20))
-        .keep_alive_interval(None::<Duration>);
+        .keep_alive_interval((!h.ping_interval.is_zero()).then_some(h.ping_interval))
+        .keep_alive_timeout(h.ping_timeout.max(Duration::from_millis(1)));
+    if h.websockets {
+        // RFC 8441 §3: SETTINGS_ENABLE_CONNECT_PROTOCOL = 1.
+        b.enable_connect_protocol();
+    }
     b
 }
 
@@ -216,6 +228,8 @@ where
 #[derive(Default)]
 struct Streams {
     open: AtomicUsize,
+    /// Of those, WebSockets (RFC 8441) running.
+    websockets: AtomicUsize,
     /// When the last stream closed ([`clock_ms`]).
     since_ms: AtomicU64,
 }
@@ -342,6 +356,38 @@ struct Deadlines<F> {
     inner: Pin<Box<F>>,
     timer: Option<StreamTimer>,
     guard: Option<StreamGuard>,
+    /// An extended CONNECT's upgrade, for a WebSocket the app accepts.
+    upgrade: Option<OnUpgrade>,
+    stream: Arc<ConnCtx>,
+    streams: Arc<Streams>,
+}
+
+/// Runs a WebSocket accepted on an HTTP/2 stream (RFC 8441) once hyper has
+/// sent the 200 and handed the stream over.
+fn start_websocket(
+    upgrade: OnUpgrade,
+    ws: Arc<crate::websocket::shared::WsShared>,
+    stream: Arc<ConnCtx>,
+    streams: &Arc<Streams>,
+) {
+    let guard = StreamGuard::new(streams);
+    let streams = Arc::clone(streams);
+    let shared = Arc::clone(&stream.shared);
+    shared.tracker.clone().spawn(async move {
+        streams.websockets.fetch_add(1, Ordering::Relaxed);
+        match upgrade.await {
+            Ok(up) => {
+                let member = shared.connections.join();
+                crate::websocket::driver::run(TokioIo::new(up), ws, &stream, &member).await;
+            }
+            Err(e) => {
+                tracing::debug!("HTTP/2 WebSocket stream ended before it started: {e}");
+                ws.close(crate::websocket::shared::ABNORMAL, String::new(), &shared);
+            }
+        }
+        streams.websockets.fetch_sub(1, Ordering::Relaxed);
+        drop(guard);
+    });
 }
 
 impl<F> Future for Deadlines<F>
@@ -354,6 +400,10 @@ where
         let this = &mut *self;
         loop {
             if let Poll::Ready(Ok(resp)) = this.inner.as_mut().poll(cx) {
+                let accepted = this.stream.upgrade.lock().take();
+                if let (Some(ws), Some(up)) = (accepted, this.upgrade.take()) {
+                    start_websocket(up, ws, Arc::clone(&this.stream), &this.streams);
+                }
                 let (parts, body) = resp.into_parts();
                 let body = H2Body {
                     inner: body,
@@ -445,14 +495,19 @@ where
     let svc = {
         let ctx = Arc::clone(ctx);
         let streams = Arc::clone(&streams);
-        service_fn(move |req| {
+        service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             let stream = Arc::new(ctx.for_stream());
             stream.activity.start_request();
             let guard = StreamGuard::new(&streams);
+            let upgrade =
+                (req.method() == hyper::Method::CONNECT).then(|| hyper::upgrade::on(&mut req));
             Deadlines {
                 inner: Box::pin(service::handle(req, Arc::clone(&stream))),
-                timer: Some(StreamTimer::new(stream)),
+                timer: Some(StreamTimer::new(Arc::clone(&stream))),
                 guard: Some(guard),
+                upgrade,
+                stream,
+                streams: Arc::clone(&streams),
             }
         })
     };
@@ -478,6 +533,14 @@ where
             Order::Drain => {
                 if !closing {
                     // GOAWAY (NO_ERROR); open streams finish.
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            // WebSockets send close 1001 on this order; the connection
+            // carries their frames until they end (their close timeout).
+            Order::GoingAway if streams.websockets.load(Ordering::Relaxed) > 0 => {
+                if !closing {
                     closing = true;
                     conn.as_mut().graceful_shutdown();
                 }

@@ -26,6 +26,11 @@ pub(crate) enum HttpSend {
         body: Bytes,
         more_body: bool,
     },
+    /// `http.response.pathsend` (ASGI path send extension): the server
+    /// sends the file at `path` as the whole body.
+    PathSend {
+        path: String,
+    },
 }
 
 /// Holds a `bytes` object so hyper can write its buffer without a copy.
@@ -267,6 +272,18 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
         };
         return Ok(HttpSend::Body { body, more_body });
     }
+    if kind == "http.response.pathsend" {
+        let path = d
+            .get_item("path")?
+            .ok_or_else(|| PyTypeError::new_err("http.response.pathsend has no 'path'"))?;
+        let path: String = path.extract().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "http.response.pathsend 'path' must be a str, got {}",
+                type_name(&path)
+            ))
+        })?;
+        return Ok(HttpSend::PathSend { path });
+    }
     if kind == "http.response.start" {
         const WHAT: &str = "http.response.start";
         let status = parse_status(d.get_item(n.status.bind(py))?, WHAT)?;
@@ -286,7 +303,8 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
     }
     Err(PyRuntimeError::new_err(format!(
         "unexpected ASGI message type {:?} on an HTTP connection \
-         (expected 'http.response.start' or 'http.response.body')",
+         (expected 'http.response.start', 'http.response.body' or \
+         'http.response.pathsend')",
         t.to_string_lossy()
     )))
 }

@@ -337,6 +337,84 @@ impl HttpProtocol {
         ClientDisconnected::new_err("the client disconnected")
     }
 
+    /// `http.response.pathsend` (ASGI path send extension): right after
+    /// `http.response.start`, the file at `path` is the whole body. The
+    /// file is opened here, so a missing or irregular file is the app's
+    /// error (`RuntimeError` naming the path) before anything is written;
+    /// its length becomes the `Content-Length` (one the app declared must
+    /// match). HEAD and 204/304 send the head only.
+    fn path_send<'py>(
+        &self,
+        py: Python<'py>,
+        st: &mut ProtoState,
+        path: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        match st.phase {
+            Phase::Held => {}
+            Phase::Initial => {
+                return Err(PyRuntimeError::new_err(
+                    "http.response.pathsend sent before http.response.start",
+                ))
+            }
+            Phase::Done if !self.exch.lock().gone => {
+                return Err(ClientDisconnected::new_err(
+                    "the response is already complete",
+                ))
+            }
+            Phase::Done => return Err(ClientDisconnected::new_err("the client disconnected")),
+            Phase::Streaming | Phase::WireDone => {
+                return Err(PyRuntimeError::new_err(
+                    "http.response.pathsend after http.response.body: the file must be the \
+                     whole body",
+                ))
+            }
+        }
+        if self.exch.lock().gone {
+            return Err(self.client_gone(py, st));
+        }
+        let fail = |why: String| PyRuntimeError::new_err(format!("http.response.pathsend: {why}"));
+        let file =
+            std::fs::File::open(path).map_err(|e| fail(format!("cannot open {path:?}: {e}")))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot stat {path:?}: {e}")))?;
+        if !meta.is_file() {
+            return Err(fail(format!("{path:?} is not a regular file")));
+        }
+        let len = meta.len();
+        let Some((status, mut headers)) = st.held.take() else {
+            return Err(fail("no response start held".into()));
+        };
+        if let Some(declared) = st.declared {
+            if declared != len {
+                st.held = Some((status, headers));
+                return Err(fail(format!(
+                    "the Content-Length of {declared} bytes does not match {path:?}, \
+                     which has {len}"
+                )));
+            }
+        }
+        if !st.no_body && !headers.contains_key(http::header::CONTENT_LENGTH) {
+            headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+        }
+        let body = if self.head || st.no_body {
+            BodyOut::Full(Bytes::new())
+        } else {
+            st.sent = len;
+            BodyOut::File { file, len }
+        };
+        self.exch.respond(
+            ResponseHead {
+                status,
+                headers,
+                body,
+            },
+            &self.ctx.shared,
+        );
+        self.finish(py, st);
+        self.ctx.done(py)
+    }
+
     /// A body on a 1xx/204/304 response is dropped, as every peer does
     /// (RFC 9110 §15.3.5, §15.4.5): warned once per status and app
     /// location (the frame that called `send()`).
@@ -578,6 +656,7 @@ impl HttpProtocol {
                 st.phase = Phase::Held;
                 self.ctx.done(py)
             }
+            HttpSend::PathSend { path } => self.path_send(py, &mut st, &path),
             HttpSend::Body { body, more_body } => {
                 match st.phase {
                     Phase::Initial => {

@@ -150,15 +150,16 @@ fn fill_common(
 }
 
 /// `scope["extensions"]`: `tls` (ASGI TLS extension 0.2) on TLS
-/// connections. `client_cert_name` is always `None` (no X.509 parsing here;
-/// the chain is given as PEM).
+/// connections: `client_cert_name` is the client certificate's subject
+/// (RFC 4514), `client_cert_error` is always `None` (rustls refuses a
+/// certificate that fails verification during the handshake).
 fn extensions<'py>(py: Python<'py>, conn: &ConnCtx) -> PyResult<Bound<'py, PyDict>> {
     let ext = PyDict::new(py);
     if let Some(t) = &conn.tls {
         let d = PyDict::new(py);
         d.set_item("server_cert", conn.shared.tls_server_cert.as_deref())?;
         d.set_item("client_cert_chain", PyList::new(py, &t.client_cert_chain)?)?;
-        d.set_item("client_cert_name", py.None())?;
+        d.set_item("client_cert_name", t.client_cert_name.as_deref())?;
         d.set_item("client_cert_error", py.None())?;
         d.set_item("tls_version", t.version)?;
         d.set_item("cipher_suite", t.cipher_suite)?;
@@ -184,7 +185,10 @@ pub(crate) fn http_scope<'py>(
         &n.http
     };
     put(&scope, &n.scheme, scheme.bind(py))?;
-    put(&scope, &n.extensions, &extensions(py, &req.conn)?)?;
+    let ext = extensions(py, &req.conn)?;
+    // ASGI path send extension: `http.response.pathsend` is served.
+    ext.set_item(pyo3::intern!(py, "http.response.pathsend"), PyDict::new(py))?;
+    put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
 

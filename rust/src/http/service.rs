@@ -330,7 +330,9 @@ pub(crate) async fn handle(
             }
         }
     }
-    if crate::websocket::handshake::is_upgrade(&parts) {
+    if crate::websocket::handshake::is_upgrade(&parts)
+        || crate::websocket::handshake::is_extended_connect(&parts)
+    {
         conn.not_plain_http();
         return Ok(crate::websocket::service::handle(parts, conn, busy).await);
     }
@@ -408,6 +410,7 @@ pub(crate) async fn handle(
 
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),
+        BodyOut::File { file, len } => ResponseBody::file(file, len, busy),
         BodyOut::Stream => ResponseBody::stream(
             StreamBody::new(exch, incoming, Arc::clone(&conn), expect_continue),
             busy,

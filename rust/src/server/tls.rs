@@ -63,6 +63,9 @@ pub struct TlsInfo {
     /// The client's certificate chain as PEM, leaf first (empty without
     /// client authentication).
     pub client_cert_chain: Vec<String>,
+    /// The leaf's subject as an RFC 4514 string (`None` without a client
+    /// certificate).
+    pub client_cert_name: Option<String>,
     /// ALPN selected `h2`.
     pub h2: bool,
 }
@@ -308,6 +311,10 @@ pub fn info(conn: &rustls::ServerConnection) -> TlsInfo {
             .peer_certificates()
             .map(|c| c.iter().map(|d| pem(d)).collect())
             .unwrap_or_default(),
+        client_cert_name: conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|leaf| crate::server::cert_name::subject_rfc4514(leaf)),
         h2: conn.alpn_protocol() == Some(b"h2"),
     }
 }

@@ -28,7 +28,6 @@ use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tungstenite::{Error, Message};
 
 use crate::http::conn::ConnCtx;
-use crate::http::io::ConnIo;
 use crate::server::connections::{Member, Order};
 use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
 
@@ -334,14 +333,12 @@ impl Driver {
     }
 }
 
-/// Runs an accepted WebSocket until it closes; see the module docs. Runs in
-/// the task of the connection it upgraded, on the socket hyper handed back.
-pub(crate) async fn run<I>(
-    mut io: ConnIo<I>,
-    ws: Arc<WsShared>,
-    conn: &Arc<ConnCtx>,
-    member: &Member<'_>,
-) where
+/// Runs an accepted WebSocket until it closes; see the module docs. On
+/// HTTP/1.1 it runs in the task of the connection it upgraded, on the socket
+/// hyper handed back; on HTTP/2 in a task of its own, on the upgraded
+/// stream (`io` is then hyper's stream, its shutdown the END_STREAM).
+pub(crate) async fn run<I>(mut io: I, ws: Arc<WsShared>, conn: &Arc<ConnCtx>, member: &Member<'_>)
+where
     I: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let shared = Arc::clone(&conn.shared);

@@ -1,6 +1,9 @@
 //! The Tokio side of a handshake: hand it to the app, wait for the app's
-//! decision, then answer — 101 (and start the driver), 403, or the app's own
-//! HTTP response. Nothing reaches the wire before the app has decided.
+//! decision, then answer — 101 on HTTP/1.1 or 200 to an HTTP/2 extended
+//! CONNECT (RFC 8441 §5), and start the driver; 403; or the app's own HTTP
+//! response. Nothing reaches the wire before the app has decided. The
+//! protocol's driver (`http::conn`, `http::h2conn`) finds the accepted
+//! WebSocket in `ConnCtx::upgrade` once the response is out.
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -54,12 +57,18 @@ pub(crate) async fn handle(
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
     let shared = Arc::clone(&conn.shared);
-    let accept_key = match handshake::validate(&parts) {
+    let h2 = parts.version == http::Version::HTTP_2;
+    let checked = if h2 {
+        handshake::validate_h2(&parts).map(|()| None)
+    } else {
+        handshake::validate(&parts).map(Some)
+    };
+    let accept_key = match checked {
         Ok(k) => k,
         Err(r) => return respond(handshake::plain(r.status, r.message), busy),
     };
     // The upgrade is taken over by the connection task (see http::conn),
-    // not through hyper's `OnUpgrade`.
+    // not through hyper's `OnUpgrade`; on HTTP/2 the driver took it first.
     drop(parts.extensions.remove::<OnUpgrade>());
     let subprotocols = handshake::subprotocols(&parts.headers);
     let ws = Arc::new(WsShared::default());
@@ -83,12 +92,15 @@ pub(crate) async fn handle(
             subprotocol,
             headers,
         } => {
-            let switched =
-                handshake::switching_protocols(&accept_key, subprotocol.as_deref(), headers);
+            let switched = match &accept_key {
+                Some(key) => handshake::switching_protocols(key, subprotocol.as_deref(), headers),
+                None => handshake::connect_accepted(subprotocol.as_deref(), headers),
+            };
             let (status, headers) = match switched {
                 Ok(sh) => {
-                    // Once hyper has written the 101 it hands the socket
-                    // back to the connection task, which runs the driver.
+                    // Once hyper has written the 101 (the 200) it hands the
+                    // socket (the stream) to the protocol's driver, which
+                    // runs the WebSocket.
                     *conn.upgrade.lock() = Some(Arc::clone(&ws));
                     sh
                 }
@@ -113,7 +125,7 @@ pub(crate) async fn handle(
         Decision::Respond(head) => {
             let body = match head.body {
                 BodyOut::Full(b) => b,
-                BodyOut::Stream => Bytes::new(),
+                BodyOut::Stream | BodyOut::File { .. } => Bytes::new(),
             };
             let mut resp = Response::new(ResponseBody::full(body, busy));
             *resp.status_mut() = head.status;

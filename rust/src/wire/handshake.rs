@@ -1,5 +1,6 @@
-//! The opening handshake (RFC 6455 §4.2): recognising an upgrade request,
-//! validating it, and building the response once the app has decided.
+//! The opening handshake (RFC 6455 §4.2; over HTTP/2, RFC 8441 §4–5):
+//! recognising an upgrade request, validating it, and building the response
+//! once the app has decided.
 
 use bytes::Bytes;
 use http::header::{
@@ -25,6 +26,42 @@ pub fn is_upgrade(parts: &Parts) -> bool {
         .get_all(UPGRADE)
         .iter()
         .any(|v| has_token(v, "websocket"))
+}
+
+/// Whether the request is an HTTP/2 extended CONNECT (RFC 8441 §4): a
+/// CONNECT with a `:protocol` pseudo-header, which hyper only passes on when
+/// SETTINGS_ENABLE_CONNECT_PROTOCOL was sent (`http2_websockets`).
+pub fn is_extended_connect(parts: &Parts) -> bool {
+    parts.method == Method::CONNECT && parts.extensions.get::<hyper::ext::Protocol>().is_some()
+}
+
+/// Checks an extended CONNECT handshake (RFC 8441 §5): `:protocol` is
+/// `websocket` and `Sec-WebSocket-Version` is 13. There is no key and no
+/// accept value on HTTP/2; `:scheme`, `:path` and `:authority` are checked
+/// by the h2 crate.
+pub fn validate_h2(parts: &Parts) -> Result<(), Refusal> {
+    let protocol = parts.extensions.get::<hyper::ext::Protocol>();
+    if !protocol.is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket")) {
+        return Err(refuse(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported :protocol (websocket is supported)",
+        ));
+    }
+    check_version(parts)
+}
+
+fn check_version(parts: &Parts) -> Result<(), Refusal> {
+    match parts.headers.get(SEC_WEBSOCKET_VERSION) {
+        None => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "missing Sec-WebSocket-Version",
+        )),
+        Some(v) if v.as_bytes().trim_ascii() != b"13" => Err(refuse(
+            StatusCode::UPGRADE_REQUIRED,
+            "unsupported Sec-WebSocket-Version (13 is supported)",
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// Why a handshake is refused before the app sees it.
@@ -85,17 +122,7 @@ pub fn validate(parts: &Parts) -> Result<String, Refusal> {
             ))
         }
     };
-    match parts.headers.get(SEC_WEBSOCKET_VERSION) {
-        None => Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "missing Sec-WebSocket-Version",
-        )),
-        Some(v) if v.as_bytes().trim_ascii() != b"13" => Err(refuse(
-            StatusCode::UPGRADE_REQUIRED,
-            "unsupported Sec-WebSocket-Version (13 is supported)",
-        )),
-        Some(_) => Ok(accept),
-    }
+    check_version(parts).map(|()| accept)
 }
 
 /// The subprotocols the client offers, in order: every
@@ -130,6 +157,22 @@ pub fn switching_protocols(
         );
     }
     Ok((StatusCode::SWITCHING_PROTOCOLS, headers))
+}
+
+/// `200 OK` accepting an extended CONNECT (RFC 8441 §5), with the app's
+/// subprotocol and extra headers; the stream then carries the WebSocket.
+pub fn connect_accepted(
+    subprotocol: Option<&str>,
+    extra: HeaderMap,
+) -> Result<(StatusCode, HeaderMap), &'static str> {
+    let mut headers = extra;
+    if let Some(p) = subprotocol {
+        headers.insert(
+            SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_str(p).map_err(|_| "invalid subprotocol")?,
+        );
+    }
+    Ok((StatusCode::OK, headers))
 }
 
 /// A short plain-text refusal (400, 403, 426, 500) that closes the
@@ -205,6 +248,45 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(validate(&p).err().unwrap().status, StatusCode::BAD_REQUEST);
+    }
+
+    fn connect(protocol: Option<&'static str>, version: Option<&str>) -> Parts {
+        let mut b = http::Request::builder()
+            .method(Method::CONNECT)
+            .version(Version::HTTP_2)
+            .uri("https://example.test/chat");
+        if let Some(v) = version {
+            b = b.header("Sec-WebSocket-Version", v);
+        }
+        let mut p = parts(b.body(()).unwrap());
+        if let Some(proto) = protocol {
+            p.extensions
+                .insert(hyper::ext::Protocol::from_static(proto));
+        }
+        p
+    }
+
+    #[test]
+    fn extended_connect_needs_websocket_protocol_and_version_13() {
+        assert!(!is_extended_connect(&connect(None, Some("13"))));
+        let ok = connect(Some("websocket"), Some("13"));
+        assert!(is_extended_connect(&ok));
+        assert!(validate_h2(&ok).is_ok());
+        let other = connect(Some("connect-udp"), Some("13"));
+        assert_eq!(
+            validate_h2(&other).err().unwrap().status,
+            StatusCode::NOT_IMPLEMENTED
+        );
+        let v8 = connect(Some("websocket"), Some("8"));
+        assert_eq!(
+            validate_h2(&v8).err().unwrap().status,
+            StatusCode::UPGRADE_REQUIRED
+        );
+        let none = connect(Some("websocket"), None);
+        assert_eq!(
+            validate_h2(&none).err().unwrap().status,
+            StatusCode::BAD_REQUEST
+        );
     }
 
     #[test]

@@ -78,7 +78,9 @@ pub fn check_head(parts: &Parts, limits: &Limits) -> Result<(), Rejection> {
             }
         }
     }
-    check_target(&parts.method, &parts.uri)?;
+    // An HTTP/2 extended CONNECT (RFC 8441) opens a WebSocket, not a tunnel.
+    let extended = parts.extensions.get::<hyper::ext::Protocol>().is_some();
+    check_target(&parts.method, &parts.uri, extended)?;
     check_transfer_coding(parts)?;
     check_host(parts)
 }
@@ -114,8 +116,8 @@ fn check_transfer_coding(parts: &Parts) -> Result<(), Rejection> {
 }
 
 /// The request target's form must suit the method (RFC 9112 §3.2).
-fn check_target(method: &Method, uri: &Uri) -> Result<(), Rejection> {
-    if method == Method::CONNECT {
+fn check_target(method: &Method, uri: &Uri, extended_connect: bool) -> Result<(), Rejection> {
+    if method == Method::CONNECT && !extended_connect {
         // An origin server has no tunnel to open (RFC 9110 §9.3.6).
         return Err(reject(
             StatusCode::NOT_IMPLEMENTED,
