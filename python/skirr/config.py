@@ -291,6 +291,13 @@ OPTIONS: tuple[Option, ...] = (
         "a client sending no body bytes this long while the app waits is answered 408 (seconds; 0: never)",
     ),
     Option(
+        "send_timeout",
+        60.0,
+        _seconds,
+        "a response the client accepts no bytes of for this long is abandoned: the app sees"
+        " http.disconnect, the stream is reset (HTTP/2) or the connection closed (seconds; 0: never)",
+    ),
+    Option(
         "response_start_timeout",
         0.0,
         _seconds,

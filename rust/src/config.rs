@@ -106,6 +106,11 @@ pub struct Config {
     /// app waits for them is answered 408 (or cut off mid-response).
     /// Zero disables. Default 30 s.
     pub body_read_timeout: Duration,
+    /// A response the client accepts no bytes of for this long is
+    /// abandoned: an HTTP/2 stream whose window stays closed is reset, an
+    /// HTTP/1.1 socket that takes no bytes is closed; the app sees the
+    /// client gone. Zero disables. Default 60 s.
+    pub send_timeout: Duration,
     /// An app that has not started its response this long after the
     /// request head arrived is answered 503 for it. Zero (the default)
     /// disables.
@@ -278,6 +283,7 @@ impl Default for Config {
             max_head_size: 64 * 1024,
             max_body_size: 0,
             body_read_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(60),
             response_start_timeout: Duration::ZERO,
             proxy: Some(default_proxy()),
             tls: None,
@@ -382,6 +388,7 @@ impl Config {
                 "max_head_size" => c.max_head_size = count(&v, key)?,
                 "max_body_size" => c.max_body_size = count(&v, key)?,
                 "body_read_timeout" => c.body_read_timeout = secs(&v, key)?,
+                "send_timeout" => c.send_timeout = secs(&v, key)?,
                 "response_start_timeout" => c.response_start_timeout = secs(&v, key)?,
                 "proxy_headers" => proxy_on = v.extract()?,
                 "forwarded_allow_ips" => {

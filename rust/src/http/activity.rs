@@ -49,6 +49,8 @@ pub(crate) struct Timeouts {
     pub(crate) header: u64,
     pub(crate) body: u64,
     pub(crate) response_start: u64,
+    /// `send_timeout`: a response the socket accepts nothing of.
+    pub(crate) send: u64,
 }
 
 impl Timeouts {
@@ -58,6 +60,7 @@ impl Timeouts {
             header: ms(cfg.header_read_timeout),
             body: ms(cfg.body_read_timeout),
             response_start: ms(cfg.response_start_timeout),
+            send: ms(cfg.send_timeout),
         }
     }
 }
@@ -110,6 +113,9 @@ pub(crate) struct Activity {
     /// The client ended its side and the app, told so, gave the request
     /// up without a response: the connection closes, writing nothing.
     abandoned: AtomicBool,
+    /// Since when a write to the socket is pending ([`clock_ms`], at
+    /// least 1); 0 while writes go through (see `send_timeout`).
+    write_blocked_ms: AtomicU64,
 }
 
 impl Activity {
@@ -200,6 +206,23 @@ impl Activity {
         }
     }
 
+    /// A write to the socket could not proceed (the client reads
+    /// nothing, its receive window is full): the wait starts now unless
+    /// it already had.
+    pub(crate) fn write_blocked(&self) {
+        if self.write_blocked_ms.load(Ordering::Relaxed) == 0 {
+            self.write_blocked_ms
+                .store(clock_ms().max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// A write to the socket went through: the client is reading.
+    pub(crate) fn write_ok(&self) {
+        if self.write_blocked_ms.load(Ordering::Relaxed) != 0 {
+            self.write_blocked_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// The response head went to hyper.
     pub(crate) fn responded(&self) {
         self.responded.store(true, Ordering::Relaxed);
@@ -251,6 +274,17 @@ impl Activity {
                 }
                 next = next.min(due);
             }
+            // The socket has taken no bytes of the response for
+            // `send_timeout`: the client is gone or hostile. (Noticed when
+            // the timer fires next: up to one keep-alive period late.)
+            let blocked = self.write_blocked_ms.load(Ordering::Relaxed);
+            if t.send > 0 && blocked != 0 {
+                let due = blocked + t.send;
+                if now >= due {
+                    return Verdict::Close("response not accepted in time");
+                }
+                next = next.min(due);
+            }
             if t.response_start > 0 && !self.responded.load(Ordering::Relaxed) {
                 let due = since + t.response_start;
                 if now >= due {
@@ -283,6 +317,7 @@ mod tests {
         header: 5000,
         body: 3000,
         response_start: 0,
+        send: 4000,
     };
 
     fn since(a: &Activity) -> u64 {
@@ -336,6 +371,24 @@ mod tests {
         assert_eq!(a.take_expired(), None);
         assert!(matches!(a.check_at(t0 + 9000, &T), Verdict::Next(_)));
         a.body_wait(false);
+    }
+
+    #[test]
+    fn a_write_blocked_past_send_timeout_closes_a_busy_connection() {
+        let a = Activity::new();
+        a.start_request();
+        a.write_blocked();
+        let t0 = a.write_blocked_ms.load(Ordering::Relaxed);
+        assert_eq!(a.check_at(t0 + 3500, &T), Verdict::Next(t0 + 4000));
+        a.write_ok();
+        a.write_blocked();
+        let t1 = a.write_blocked_ms.load(Ordering::Relaxed);
+        assert_eq!(
+            a.check_at(t1 + 4000, &T),
+            Verdict::Close("response not accepted in time")
+        );
+        let off = Timeouts { send: 0, ..T };
+        assert!(matches!(a.check_at(t1 + 4000, &off), Verdict::Next(_)));
     }
 
     #[test]

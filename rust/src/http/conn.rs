@@ -49,6 +49,10 @@ pub(crate) const PARK_AFTER: Duration = Duration::from_millis(250);
 /// long, in the very moment of the close, can still race it.
 pub(crate) const DRAIN_IDLE: Duration = Duration::from_millis(1000);
 
+/// How long closing a connection may wait for its last bytes (a TLS
+/// close_notify) to be taken by the client.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+
 /// When a draining connection left idle is closed ([`clock_ms`] time).
 fn drain_deadline(ctx: &ConnCtx, since: u64) -> u64 {
     since
@@ -315,8 +319,11 @@ pub(crate) async fn serve<I>(
                 continue;
             }
             Stopped::Ended(reason) => {
-                // hyper left the socket open; close our side cleanly.
-                let _ = io.shutdown().await;
+                // hyper left the socket open; close our side cleanly, but
+                // not waiting on a client that reads nothing (TLS writes a
+                // close_notify here: it would hold the connection's slot
+                // for as long as the client cared to stall).
+                let _ = tokio::time::timeout(SHUTDOWN_WAIT, io.shutdown()).await;
                 break reason;
             }
         }

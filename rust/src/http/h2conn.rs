@@ -22,7 +22,14 @@
 //!   `GoingAway` closes the connection at once unless WebSockets are open
 //!   (they send close 1001 and end within their close timeout); `Abort`
 //!   closes it at once.
+//! * `send_timeout`: hyper stops polling a response body while the
+//!   stream has no send capacity (its window, or the connection's, stays
+//!   closed; or the socket takes nothing), so neither the body nor the
+//!   app would ever learn of the stall. Each stream's task is wrapped
+//!   ([`Watched`]); a response stalled that long has its task dropped,
+//!   which resets the stream (CANCEL) and tells the app the client is gone.
 
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
@@ -70,7 +77,89 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
-        self.0.spawn(fut);
+        match NEXT_WATCH.with(|w| w.borrow_mut().take()) {
+            Some(watch) => {
+                self.0.spawn(Watched {
+                    task: Box::pin(fut),
+                    watch,
+                    sleep: None,
+                });
+            }
+            None => {
+                self.0.spawn(fut);
+            }
+        }
+    }
+}
+
+/// Response bodies are handed to hyper in pieces of at most this many
+/// bytes while `send_timeout` is on, so that progress (hyper asking for
+/// the next piece) shows at least once per piece the client reads, not
+/// once per chunk the app sent (which may be megabytes).
+const SEND_PIECE: usize = 16 * 1024;
+
+/// Whether a stream's response is stalled on the client, for
+/// `send_timeout`. Shared by the stream's body (which sees hyper take
+/// data) and its task's wrapper ([`Watched`], which acts).
+struct SendWatch {
+    /// Since when hyper holds a piece of the body it has not sent on
+    /// ([`clock_ms`], at least 1). hyper asks for the next piece as soon
+    /// as the stream has send capacity, so this lasts only while the
+    /// client's windows (or the socket) stay closed. 0 while the body
+    /// waits for the app, which is no stall.
+    stalled_since: AtomicU64,
+    /// `send_timeout` in milliseconds (not 0).
+    limit_ms: u64,
+}
+
+thread_local! {
+    /// The watch of the stream whose service hyper has just called: hyper
+    /// spawns that stream's task right after, in the same poll on this
+    /// thread (`Serving::poll_server`), which is how the task's wrapper
+    /// finds it ([`StreamExec`]).
+    static NEXT_WATCH: RefCell<Option<Arc<SendWatch>>> = const { RefCell::new(None) };
+}
+
+/// hyper's task for one stream, abandoned once its response has been
+/// stalled for `send_timeout` (see [`SendWatch`]). Dropping the task drops
+/// the stream's `SendStream`, on which h2 resets the stream (CANCEL) and
+/// discards what it buffered for it; dropping the body marks the exchange
+/// gone, so the app's `send()` raises `ClientDisconnected`. Other streams
+/// are untouched.
+struct Watched<F> {
+    task: Pin<Box<F>>,
+    watch: Arc<SendWatch>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<F: Future<Output = ()>> Future for Watched<F> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        if this.task.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        let since = this.watch.stalled_since.load(Ordering::Relaxed);
+        if since == 0 {
+            // Not stalled; an armed timer firing later costs one poll.
+            return Poll::Pending;
+        }
+        let due = deadline_at(since + this.watch.limit_ms);
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if sleep.deadline() != due {
+            sleep.as_mut().reset(due);
+        }
+        if sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        tracing::debug!(
+            "an HTTP/2 response made no progress for {} ms: stream reset",
+            this.watch.limit_ms
+        );
+        Poll::Ready(())
     }
 }
 
@@ -165,21 +254,71 @@ impl Drop for StreamGuard {
 
 /// A stream's deadline timer: records a passed deadline in the stream's
 /// activity (answered by the service, see `service::check_deadlines`).
+/// With `send_timeout` on, it also carries the stream's [`SendWatch`] and
+/// the rest of a body chunk being handed to hyper in pieces.
 struct StreamTimer {
     ctx: Arc<ConnCtx>,
     t: Timeouts,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     at: u64,
+    watch: Option<Arc<SendWatch>>,
+    /// What is left of the chunk being handed over in [`SEND_PIECE`]s.
+    rest: Bytes,
 }
 
 impl StreamTimer {
+    /// Created as hyper calls the service for a new stream: the send
+    /// watch is left for [`StreamExec`] to pick up (see [`NEXT_WATCH`]).
     fn new(ctx: Arc<ConnCtx>) -> Self {
         let t = Timeouts::new(&ctx.shared.config);
+        let watch = (t.send > 0).then(|| {
+            let w = Arc::new(SendWatch {
+                stalled_since: AtomicU64::new(0),
+                limit_ms: t.send,
+            });
+            NEXT_WATCH.with(|n| *n.borrow_mut() = Some(Arc::clone(&w)));
+            w
+        });
         StreamTimer {
             ctx,
             t,
             sleep: None,
             at: 0,
+            watch,
+            rest: Bytes::new(),
+        }
+    }
+
+    /// The body handed hyper a piece: it is stalled until hyper asks for
+    /// the next (which it does at once if the stream can send).
+    fn gave(&mut self, mut data: Bytes) -> Bytes {
+        let Some(w) = &self.watch else {
+            return data;
+        };
+        w.stalled_since.store(clock_ms().max(1), Ordering::Relaxed);
+        if data.len() > SEND_PIECE {
+            self.rest = data.split_off(SEND_PIECE);
+        }
+        data
+    }
+
+    /// The next piece of a chunk already taken from the body, if any.
+    fn next_piece(&mut self) -> Option<Bytes> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let n = self.rest.len().min(SEND_PIECE);
+        let piece = self.rest.split_to(n);
+        if let Some(w) = &self.watch {
+            w.stalled_since.store(clock_ms().max(1), Ordering::Relaxed);
+        }
+        Some(piece)
+    }
+
+    /// The body waits for the app: no stall on the client.
+    fn waiting(&self) {
+        if let Some(w) = &self.watch {
+            w.stalled_since.store(0, Ordering::Relaxed);
         }
     }
 
@@ -192,7 +331,8 @@ impl StreamTimer {
                     self.ctx.activity.expire(e);
                     return true;
                 }
-                // Not returned while a request is in progress.
+                // Not returned for a stream (a stream's activity never
+                // sees socket writes, the only busy-time close).
                 Verdict::Close(_) => return false,
                 Verdict::Next(at) => {
                     let sleep = self
@@ -280,7 +420,8 @@ where
 }
 
 /// A response body on HTTP/2: the protocol-independent body, with the
-/// stream's body-read deadline watched and the stream counted open.
+/// stream's body-read deadline and send progress watched and the stream
+/// counted open.
 pub(crate) struct H2Body {
     inner: ResponseBody,
     timer: Option<StreamTimer>,
@@ -296,12 +437,26 @@ impl Body for H2Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
         let this = self.get_mut();
+        if let Some(piece) = this.timer.as_mut().and_then(StreamTimer::next_piece) {
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        }
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {
+                    if let Some(t) = &this.timer {
+                        t.waiting();
+                    }
                     if !this.timer.as_mut().is_some_and(|t| t.poll(cx)) {
                         return Poll::Pending;
                     }
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    let frame = match (frame.into_data(), this.timer.as_mut()) {
+                        (Ok(data), Some(t)) => Frame::data(t.gave(data)),
+                        (Ok(data), None) => Frame::data(data),
+                        (Err(other), _) => other,
+                    };
+                    return Poll::Ready(Some(Ok(frame)));
                 }
                 ready => return ready,
             }
@@ -309,11 +464,18 @@ impl Body for H2Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.is_end_stream() && self.timer.as_ref().is_none_or(|t| t.rest.is_empty())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let rest = self.timer.as_ref().map_or(0, |t| t.rest.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 

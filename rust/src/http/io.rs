@@ -140,13 +140,27 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
     }
 }
 
+impl<I> ConnIo<I> {
+    /// Tells the activity tracker whether the socket takes bytes, for
+    /// `send_timeout` (HTTP/1.1; on HTTP/2 each stream is watched itself).
+    fn note_write<T>(&self, res: &Poll<io::Result<T>>) {
+        match res {
+            Poll::Pending => self.conn.activity.write_blocked(),
+            Poll::Ready(Ok(_)) => self.conn.activity.write_ok(),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+}
+
 impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let res = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note_write(&res);
+        res
     }
 
     fn poll_write_vectored(
@@ -154,7 +168,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let res = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note_write(&res);
+        res
     }
 
     fn is_write_vectored(&self) -> bool {
