@@ -420,6 +420,12 @@ OPTIONS: tuple[Option, ...] = (
         "ssl_ciphers", None, _optional_str, "colon-separated cipher suite names (default: rustls's)", gunicorn="ciphers"
     ),
     Option(
+        "server_timing",
+        False,
+        _bool,
+        "add Server-Timing: app;dur=, total;dur= (ms) to every response the app starts",
+    ),
+    Option(
         "tls_handshake_timeout",
         10.0,
         _seconds,

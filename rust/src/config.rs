@@ -124,6 +124,10 @@ pub struct Config {
     /// accepted, or the connection is closed (it holds a connection slot
     /// meanwhile). Zero disables. Default 10 s.
     pub tls_handshake_timeout: Duration,
+    /// Every response the app starts gets `Server-Timing: app;dur=…,
+    /// total;dur=…` (milliseconds: app start to response start, request
+    /// head to response start). Default off (`server_timing`).
+    pub server_timing: bool,
     /// PROXY protocol headers expected from trusted load balancers;
     /// `None` (the default) expects none.
     pub proxy_protocol: Option<ProxyProtocol>,
@@ -288,6 +292,7 @@ impl Default for Config {
             proxy: Some(default_proxy()),
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
+            server_timing: false,
             proxy_protocol: None,
             http2: None,
         }
@@ -378,6 +383,7 @@ impl Config {
                 "parent_pid" => c.parent_pid = v.extract()?,
                 "sigint_graceful" => c.sigint_graceful = v.extract()?,
                 "access_log" => c.access_log = v.extract()?,
+                "server_timing" => c.server_timing = v.extract()?,
                 "ws_max_message_size" => c.ws_max_message_size = count::<usize>(&v, key)?.max(1),
                 "ws_ping_interval" => c.ws_ping_interval = secs(&v, key)?,
                 "ws_ping_timeout" => c.ws_ping_timeout = secs(&v, key)?,

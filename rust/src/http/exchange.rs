@@ -89,6 +89,8 @@ pub(crate) struct ExchState {
     /// The trailer section, written after the last chunk.
     pub(crate) out_trailers: Option<HeaderMap>,
     pub(crate) out_abort: bool,
+    /// When the app was called (`server_timing`).
+    pub(crate) app_started: Option<std::time::Instant>,
     /// The Tokio task waiting for the head, a chunk, or room to read body.
     pub(crate) tokio_waker: Option<Waker>,
     /// asyncio futures of `send()` calls waiting for room in `out` (several

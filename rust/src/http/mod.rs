@@ -68,6 +68,9 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
             return;
         }
     };
+    if ctx.shared.config.server_timing {
+        req.exch.lock().app_started = Some(std::time::Instant::now());
+    }
     let run = || -> PyResult<()> {
         let b = proto.bind(py);
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;

@@ -278,7 +278,11 @@ fn answer(
             reason.len() as u64,
         ));
     }
-    ResponseBody::plain(status, reason, busy)
+    let mut resp = ResponseBody::plain(status, reason, busy);
+    if conn.shared.config.server_timing {
+        server_timing(resp.headers_mut(), None, received);
+    }
+    resp
 }
 
 /// Serves one request: see the module docs.
@@ -286,7 +290,8 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
     conn: Arc<ConnCtx>,
 ) -> Result<Response<ResponseBody>, Infallible> {
-    let received = conn.shared.config.access_log.then(Instant::now);
+    let cfg = &conn.shared.config;
+    let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
     let busy = BusyGuard::new(&conn);
     let shared = &*conn.shared;
     shared.count_request();
@@ -404,6 +409,7 @@ pub(crate) async fn handle(
         }
     })
     .await;
+    let app_started = exch.lock().app_started;
     conn.activity.responded();
     guard.armed = false;
     drop(guard);
@@ -419,7 +425,25 @@ pub(crate) async fn handle(
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers;
+    if conn.shared.config.server_timing {
+        server_timing(resp.headers_mut(), app_started, received);
+    }
     Ok(resp)
+}
+
+/// Appends `Server-Timing: app;dur=…, total;dur=…` (W3C Server Timing;
+/// milliseconds with microsecond precision): from the app's call and from
+/// the request head to now, when the head goes to hyper.
+fn server_timing(headers: &mut http::HeaderMap, app: Option<Instant>, received: Option<Instant>) {
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
+    let value = match (app, received) {
+        (Some(a), Some(r)) => format!("app;dur={:.3}, total;dur={:.3}", ms(a), ms(r)),
+        (None, Some(r)) => format!("total;dur={:.3}", ms(r)),
+        _ => return,
+    };
+    if let Ok(v) = http::HeaderValue::from_str(&value) {
+        headers.append(http::header::HeaderName::from_static("server-timing"), v);
+    }
 }
 
 #[cfg(test)]
