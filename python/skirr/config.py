@@ -79,6 +79,14 @@ def _str_list(v: Any) -> str:
     return str(v)
 
 
+def _compression(v: Any) -> str:
+    codings = [c.strip().lower() for c in _str_list(v).split(",") if c.strip()]
+    for c in codings:
+        if c not in ("gzip", "zstd", "br"):
+            raise ValueError(f"unknown coding {c!r} (gzip, zstd or br)")
+    return ",".join(codings)
+
+
 def _optional_str(v: Any) -> str | None:
     return None if v is None or str(v) == "" else str(v)
 
@@ -418,6 +426,24 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "ssl_ciphers", None, _optional_str, "colon-separated cipher suite names (default: rustls's)", gunicorn="ciphers"
+    ),
+    Option(
+        "compression",
+        "",
+        _compression,
+        "compress responses with these codings, in order of preference: gzip, zstd, br (e.g. zstd,br,gzip)",
+    ),
+    Option(
+        "compression_min_size",
+        500,
+        _int_range(0, 2**63 - 1),
+        "responses known to be smaller than this are not compressed (bytes)",
+    ),
+    Option(
+        "compression_event_stream",
+        False,
+        _bool,
+        "compress text/event-stream responses too (each event is flushed)",
     ),
     Option(
         "server_timing",

@@ -128,6 +128,9 @@ pub struct Config {
     /// total;dur=…` (milliseconds: app start to response start, request
     /// head to response start). Default off (`server_timing`).
     pub server_timing: bool,
+    /// Response compression; `None` (the default) sends bodies as the app
+    /// gave them (`compression`, `compression_*`).
+    pub compression: Option<crate::http::compress::Compression>,
     /// PROXY protocol headers expected from trusted load balancers;
     /// `None` (the default) expects none.
     pub proxy_protocol: Option<ProxyProtocol>,
@@ -293,6 +296,7 @@ impl Default for Config {
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
             server_timing: false,
+            compression: None,
             proxy_protocol: None,
             http2: None,
         }
@@ -338,6 +342,11 @@ impl Config {
             alpn: Vec::new(),
         };
         let mut h2 = Http2::default();
+        let mut compression = crate::http::compress::Compression {
+            codings: Vec::new(),
+            min_size: 500,
+            event_stream: false,
+        };
         let mut protocols = (true, false, false);
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
@@ -384,6 +393,21 @@ impl Config {
                 "sigint_graceful" => c.sigint_graceful = v.extract()?,
                 "access_log" => c.access_log = v.extract()?,
                 "server_timing" => c.server_timing = v.extract()?,
+                "compression" => {
+                    compression.codings.clear();
+                    for t in str_list(&v, key)? {
+                        let coding = crate::http::compress::Coding::parse(&t).ok_or_else(|| {
+                            PyValueError::new_err(format!(
+                                "option 'compression': unknown coding {t:?} (gzip, zstd or br)"
+                            ))
+                        })?;
+                        if !compression.codings.contains(&coding) {
+                            compression.codings.push(coding);
+                        }
+                    }
+                }
+                "compression_min_size" => compression.min_size = count(&v, key)?,
+                "compression_event_stream" => compression.event_stream = v.extract()?,
                 "ws_max_message_size" => c.ws_max_message_size = count::<usize>(&v, key)?.max(1),
                 "ws_ping_interval" => c.ws_ping_interval = secs(&v, key)?,
                 "ws_ping_timeout" => c.ws_ping_timeout = secs(&v, key)?,
@@ -515,6 +539,9 @@ impl Config {
             }
         }
         c.proxy = proxy_on.then_some(proxy);
+        if !compression.codings.is_empty() {
+            c.compression = Some(compression);
+        }
         if let Some(versions) = pp_versions {
             let (trust_all, trusted) = parse_allow_list(&pp_allow)
                 .map_err(|e| PyValueError::new_err(format!("option 'proxy_allow_ips': {e}")))?;

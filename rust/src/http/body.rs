@@ -10,6 +10,7 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::http::compress::Encoder;
 use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Aborted, Exchange};
 use crate::http::service::{check_deadlines, pump_body};
@@ -152,10 +153,78 @@ impl FileBody {
     }
 }
 
+/// A body compressed frame by frame (see [`crate::http::compress`]): each data frame
+/// is encoded and flushed, trailers pass after the coded stream's end.
+struct Coder {
+    enc: Option<Encoder>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl Coder {
+    fn poll(
+        &mut self,
+        inner: &mut Kind,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        loop {
+            let Some(enc) = self.enc.as_mut() else {
+                return Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            };
+            let frame = match inner.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(f))) => f,
+                Poll::Ready(None) => {
+                    return Poll::Ready(self.finish().map(|b| Ok(Frame::data(b))));
+                }
+            };
+            match frame.into_data() {
+                Ok(data) => match enc.chunk(&data) {
+                    Ok(out) if out.is_empty() => continue,
+                    Ok(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
+                    Err(e) => {
+                        tracing::error!("response compression failed: {e}");
+                        return Poll::Ready(Some(Err(Aborted)));
+                    }
+                },
+                Err(frame) => {
+                    // Trailers: the coded stream ends first.
+                    self.trailers = frame.into_trailers().ok();
+                    if let Some(b) = self.finish() {
+                        return Poll::Ready(Some(Ok(Frame::data(b))));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the coded stream: its last bytes, if any.
+    fn finish(&mut self) -> Option<Bytes> {
+        match self.enc.take()?.finish() {
+            Ok(b) if b.is_empty() => None,
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::error!("response compression failed: {e}");
+                None
+            }
+        }
+    }
+}
+
 enum Kind {
     Full(Option<Bytes>),
     Stream(Box<StreamBody>),
     File(Box<FileBody>),
+}
+
+impl Kind {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        match self {
+            Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Kind::Stream(s) => s.poll(cx),
+            Kind::File(f) => f.poll(cx),
+        }
+    }
 }
 
 /// A response body: whole, or streamed from the app.
@@ -164,6 +233,8 @@ enum Kind {
 /// only once hyper has written (or dropped) the whole body.
 pub(crate) struct ResponseBody {
     kind: Kind,
+    /// Compression applied to what `kind` yields.
+    coder: Option<Box<Coder>>,
     _busy: BusyGuard,
 }
 
@@ -171,6 +242,7 @@ impl ResponseBody {
     pub(crate) fn full(data: Bytes, busy: BusyGuard) -> Self {
         Self {
             kind: Kind::Full(Some(data)),
+            coder: None,
             _busy: busy,
         }
     }
@@ -183,13 +255,24 @@ impl ResponseBody {
                 left: len,
                 buf: bytes::BytesMut::new(),
             })),
+            coder: None,
             _busy: busy,
         }
+    }
+
+    /// This body, compressed frame by frame with `enc`.
+    pub(crate) fn coded(mut self, enc: Encoder) -> Self {
+        self.coder = Some(Box::new(Coder {
+            enc: Some(enc),
+            trailers: None,
+        }));
+        self
     }
 
     pub(crate) fn stream(body: StreamBody, busy: BusyGuard) -> Self {
         Self {
             kind: Kind::Stream(Box::new(body)),
+            coder: None,
             _busy: busy,
         }
     }
@@ -221,14 +304,17 @@ impl Body for ResponseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
-        match &mut self.get_mut().kind {
-            Kind::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Kind::Stream(s) => s.poll(cx),
-            Kind::File(f) => f.poll(cx),
+        let this = self.get_mut();
+        match &mut this.coder {
+            Some(c) => c.poll(&mut this.kind, cx),
+            None => this.kind.poll(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
+        if let Some(c) = &self.coder {
+            return c.enc.is_none() && c.trailers.is_none();
+        }
         match &self.kind {
             Kind::Full(d) => d.as_ref().is_none_or(Bytes::is_empty),
             Kind::Stream(_) => false,
@@ -237,6 +323,9 @@ impl Body for ResponseBody {
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.coder.is_some() {
+            return SizeHint::default();
+        }
         match &self.kind {
             Kind::Full(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
             Kind::Stream(_) => SizeHint::default(),

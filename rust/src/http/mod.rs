@@ -13,6 +13,7 @@
 pub(crate) mod accept;
 pub(crate) mod activity;
 pub(crate) mod body;
+pub(crate) mod compress;
 pub(crate) mod conn;
 pub(crate) mod exchange;
 pub(crate) mod h2conn;

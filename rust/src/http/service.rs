@@ -22,6 +22,7 @@ use hyper::body::Incoming;
 use crate::bridge::queue::Event;
 use crate::http::activity::Expired;
 use crate::http::body::{ResponseBody, StreamBody};
+use crate::http::compress;
 use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::{BodyOut, Exchange};
 use crate::server::Shared;
@@ -341,6 +342,14 @@ pub(crate) async fn handle(
         conn.not_plain_http();
         return Ok(crate::websocket::service::handle(parts, conn, busy).await);
     }
+    // The coding this client accepts, if compression is on; whether it is
+    // applied depends on the response (see `compress`).
+    let coding = shared
+        .config
+        .compression
+        .as_ref()
+        .and_then(|c| compress::negotiate(c, &parts.headers))
+        .map(|coding| (coding, parts.method == http::Method::HEAD));
     let bodyless = body.is_end_stream();
     // `Expect` only matters for a request with a body. hyper's HTTP/2
     // server cannot send a 100 (no interim responses), so an HTTP/2 body is
@@ -414,6 +423,34 @@ pub(crate) async fn handle(
     guard.armed = false;
     drop(guard);
 
+    let mut head = head;
+    let mut coder = None;
+    if let (Some(cfg), Some((coding, head_request))) = (&conn.shared.config.compression, coding) {
+        let len = match &head.body {
+            BodyOut::Full(d) => Some(d.len() as u64),
+            BodyOut::File { len, .. } => Some(*len),
+            BodyOut::Stream => None,
+        };
+        if compress::applies(cfg, head_request, head.status, &head.headers, len) {
+            if let BodyOut::Full(d) = &head.body {
+                match compress::whole(coding, d) {
+                    Ok(z) => {
+                        head.body = BodyOut::Full(z);
+                        compress::mark_headers(&mut head.headers, coding);
+                    }
+                    Err(e) => tracing::error!("response compression failed: {e}"),
+                }
+            } else {
+                match compress::Encoder::new(coding) {
+                    Ok(enc) => {
+                        coder = Some(enc);
+                        compress::mark_headers(&mut head.headers, coding);
+                    }
+                    Err(e) => tracing::error!("response compression failed: {e}"),
+                }
+            }
+        }
+    }
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),
         BodyOut::File { file, len } => ResponseBody::file(file, len, busy),
@@ -421,6 +458,10 @@ pub(crate) async fn handle(
             StreamBody::new(exch, incoming, Arc::clone(&conn), expect_continue),
             busy,
         ),
+    };
+    let body = match coder {
+        Some(enc) => body.coded(enc),
+        None => body,
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
