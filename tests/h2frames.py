@@ -186,8 +186,10 @@ class FrameClient:
             if "END_HEADERS" in f.flags:
                 sid, block, end = self._cont
                 self._cont = None
-                headers = [(k.decode() if isinstance(k, bytes) else k, v.decode() if isinstance(v, bytes) else v)
-                           for k, v in self.dec.decode(block)]
+                headers = [
+                    (k.decode() if isinstance(k, bytes) else k, v.decode() if isinstance(v, bytes) else v)
+                    for k, v in self.dec.decode(block)
+                ]
                 st = self._stream(sid)
                 if st is not None:
                     status = dict(headers).get(":status")

@@ -154,8 +154,9 @@ def test_no_h2_post_fails_across_two_hups():
                 wait_until(lambda: c.ok > 300, what="traffic")
                 g.send_signal(signal.SIGHUP)
                 wait_until(
-                    lambda before=before: len(set(worker_pids(g.proc.pid)) - before) == 2
-                    and not before & set(worker_pids(g.proc.pid)),
+                    lambda before=before: (
+                        len(set(worker_pids(g.proc.pid)) - before) == 2 and not before & set(worker_pids(g.proc.pid))
+                    ),
                     timeout=30,
                     what="the old workers replaced",
                 )
