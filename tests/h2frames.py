@@ -92,6 +92,10 @@ class FrameClient:
         sid = self.next_sid
         self.next_sid += 2
         st = self.streams[sid] = Stream(sid, tag)
+        last = min((g.last_stream_id for g in self.goaways), default=MAX_ID)
+        if sid > last:
+            # Sent after the GOAWAY that excludes it (as if it crossed it in flight).
+            st.outcome, st.why = "refused", f"above GOAWAY last-stream-id {last}"
         hs = [(":method", method), (":scheme", self.scheme), (":authority", self.authority), (":path", path)]
         hs += list(headers)
         if body:
@@ -237,6 +241,19 @@ class FrameClient:
         st.outcome = "ok" if st.status is not None and st.status >= 200 else "failed"
         if st.outcome == "failed":
             st.why = "stream ended without a final response"
+
+    def pump(self, until, timeout: float = 10.0, what: str = "condition"):
+        """Reads until ``until()`` is true (or EOF); returns its value."""
+        deadline = time.monotonic() + timeout
+        while not (done := until()) and not self.eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"timed out waiting for {what}; GOAWAYs so far: {self._goaway_ids()}")
+            try:
+                self.read_some(timeout=left)
+            except TimeoutError:
+                continue
+        return done or until()
 
     def wait(self, streams, timeout: float = 10.0) -> None:
         """Reads until every stream in ``streams`` has an outcome (or EOF)."""
