@@ -70,6 +70,7 @@ class FrameClient:
         self.eof = False
         self.send_window = 65535  # the connection's, for our DATA
         self.stream_window = 65535  # the server's SETTINGS_INITIAL_WINDOW_SIZE
+        self.windows: dict[int, int] = {}  # each stream's, for our DATA
         self.max_streams = 100
         self._buf = b""
         self._cont: tuple[int, bytes, bool] | None = None  # a header block awaiting CONTINUATION
@@ -88,7 +89,11 @@ class FrameClient:
     def open_streams(self) -> list[Stream]:
         return [s for s in self.streams.values() if s.outcome is None]
 
-    def request(self, method: str, path: str, body: bytes = b"", headers=(), tag: object = None) -> Stream:
+    def request(
+        self, method: str, path: str, body: bytes = b"", headers=(), tag: object = None, end: bool = True
+    ) -> Stream:
+        """Opens a stream and sends ``body``; with ``end=False`` the request
+        stays open for :meth:`send_data`."""
         sid = self.next_sid
         self.next_sid += 2
         st = self.streams[sid] = Stream(sid, tag)
@@ -98,22 +103,36 @@ class FrameClient:
             st.outcome, st.why = "refused", f"above GOAWAY last-stream-id {last}"
         hs = [(":method", method), (":scheme", self.scheme), (":authority", self.authority), (":path", path)]
         hs += list(headers)
-        if body:
+        if body and end:
             hs.append(("content-length", str(len(body))))
-        frames = [HeadersFrame(sid, self.enc.encode(hs), flags=["END_HEADERS"] + ([] if body else ["END_STREAM"]))]
-        if body:
-            while self.send_window < len(body) or self.stream_window < len(body):
-                self.read_some()
-                if self.eof:
-                    raise ConnectionError("closed while waiting for flow-control window")
-            self.send_window -= len(body)
-            frames.append(DataFrame(sid, body, flags=["END_STREAM"]))
+        flags = ["END_HEADERS"] + (["END_STREAM"] if end and not body else [])
+        self.windows[sid] = self.stream_window
         try:
-            self.sock.sendall(b"".join(f.serialize() for f in frames))
+            self.sock.sendall(HeadersFrame(sid, self.enc.encode(hs), flags=flags).serialize())
         except OSError as e:
             # The server closed: what it sent before (a GOAWAY) decides.
             self.read_to_eof(timeout=2.0, why=f"{type(e).__name__} sending")
+        if body:
+            self.send_data(st, body, end)
         return st
+
+    def send_data(self, st: Stream, data: bytes, end: bool) -> None:
+        """DATA in frames of at most 16 KiB (the default SETTINGS_MAX_FRAME_SIZE),
+        each within the connection's and the stream's flow-control windows."""
+        sent = 0
+        try:
+            while sent < len(data) and not self.eof and st.outcome in (None, "refused"):
+                n = min(16384, len(data) - sent, self.send_window, self.windows[st.sid])
+                if n <= 0:
+                    self.read_some(timeout=10.0)
+                    continue
+                flags = ["END_STREAM"] if end and sent + n == len(data) else []
+                self.sock.sendall(DataFrame(st.sid, data[sent : sent + n], flags=flags).serialize())
+                self.send_window -= n
+                self.windows[st.sid] -= n
+                sent += n
+        except OSError as e:
+            self.read_to_eof(timeout=2.0, why=f"{type(e).__name__} sending")
 
     # --- receiving -------------------------------------------------------
 
@@ -166,6 +185,8 @@ class FrameClient:
         if isinstance(f, SettingsFrame):
             if "ACK" not in f.flags:
                 if 0x4 in f.settings:
+                    for sid in self.windows:  # RFC 9113 §6.9.2: open streams adjust by the difference
+                        self.windows[sid] += f.settings[0x4] - self.stream_window
                     self.stream_window = f.settings[0x4]
                 if 0x3 in f.settings:
                     self.max_streams = f.settings[0x3]
@@ -176,6 +197,8 @@ class FrameClient:
         elif isinstance(f, WindowUpdateFrame):
             if f.stream_id == 0:
                 self.send_window += f.window_increment
+            elif f.stream_id in self.windows:
+                self.windows[f.stream_id] += f.window_increment
         elif isinstance(f, GoAwayFrame):
             self.goaways.append(f)
             for st in self.open_streams():

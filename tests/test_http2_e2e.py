@@ -106,8 +106,9 @@ def test_gunicorn_serves_h2_and_http11(transport, pki):
 
 @pytest.mark.parametrize("transport", ["h2c", "tls"])
 def test_gunicorn_sigterm_drains_h2_stream_in_flight(transport, pki):
-    """SIGTERM to the master while a slow streamed response is half sent:
-    the client gets GOAWAY (NO_ERROR), the response finishes, a stream sent
+    """SIGTERM to the master while a slow streamed response is half sent
+    and an upload is half received: the client gets GOAWAY (NO_ERROR), the
+    response finishes, the rest of the upload is read and echoed, a stream sent
     after the final GOAWAY (as if it crossed it) gets no frame and never
     reaches the app, the connection closes and the master exits 0."""
     log = ("--access-logfile", "-", "--access-logformat", "served %(U)s?%(q)s")
@@ -121,17 +122,22 @@ def test_gunicorn_sigterm_drains_h2_stream_in_flight(transport, pki):
             c = FrameClient.connect(g.port)
         try:
             slow = c.request("GET", "/stream?n=15&delay=0.2&tag=slow")
+            upload = c.request("POST", "/echo?tag=upload", b"u" * 100_000, end=False)
             c.pump(lambda: b"chunk0" in slow.body, what="the first chunk")
-            assert slow.outcome is None  # still in flight
+            assert slow.outcome is None and upload.outcome is None  # both in flight
             g.send_signal(signal.SIGTERM)
             c.pump(lambda: any(x.last_stream_id < MAX_ID for x in c.goaways), what="the final GOAWAY")
             assert not c.eof, f"closed before the stream finished: {slow.body!r}"
             assert slow.outcome is None, "the final GOAWAY came after the stream ended: nothing tested"
             assert [x.error_code for x in c.goaways] and all(x.error_code == 0 for x in c.goaways)
-            assert min(x.last_stream_id for x in c.goaways) == slow.sid
+            assert min(x.last_stream_id for x in c.goaways) == upload.sid
             late = c.request("GET", "/?tag=late")
             assert late.outcome == "refused"
+            # The rest of the upload, after the final GOAWAY (its stream is below it).
+            c.send_data(upload, b"v" * 100_000, end=True)
             c.read_to_eof(timeout=15)
+            assert upload.outcome == "ok", upload.why
+            assert upload.status == 200 and upload.body == b"u" * 100_000 + b"v" * 100_000
             assert slow.outcome == "ok", slow.why
             assert slow.status == 200 and slow.body == b"".join(b"chunk%d\n" % i for i in range(15))
             assert late.frames_after_refusal == 0 and late.status is None
@@ -140,6 +146,7 @@ def test_gunicorn_sigterm_drains_h2_stream_in_flight(transport, pki):
         assert g.wait(15) == 0
         logs = g.logs()
         assert "served /stream?n=15&delay=0.2&tag=slow" in logs, logs
+        assert "served /echo?tag=upload" in logs, logs
         assert "tag=late" not in logs, logs
 
 

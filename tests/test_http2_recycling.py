@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import ssl
 import threading
 
 import pytest
@@ -50,8 +52,11 @@ DEPTH = 4  # streams in flight per connection
 class H2Clients:
     """Threads POSTing over HTTP/2 until stopped."""
 
-    def __init__(self, port: int, n: int = 4) -> None:
+    def __init__(self, port: int, n: int = 4, depth: int = DEPTH, connect=None, body: bytes = BODY) -> None:
         self.port = port
+        self.depth = depth
+        self.body = body
+        self.connect = connect or (lambda: FrameClient.connect(port, timeout=TIMEOUT))
         self.ok = 0
         self.refused = 0
         self.connections = 0
@@ -67,7 +72,7 @@ class H2Clients:
                 if st.outcome is None or st.sid in counted:
                     continue
                 counted.add(st.sid)
-                if st.outcome == "ok" and st.status == 200 and st.body == b"1024":
+                if st.outcome == "ok" and st.status == 200 and st.body == b"%d" % len(self.body):
                     self.ok += 1
                 elif st.outcome == "refused":
                     self.refused += 1
@@ -79,7 +84,7 @@ class H2Clients:
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                c = FrameClient.connect(self.port, timeout=TIMEOUT)
+                c = self.connect()
             except OSError as e:
                 with self.lock:
                     self.failed.append(f"connect: {type(e).__name__}: {e}")
@@ -89,8 +94,8 @@ class H2Clients:
             counted: set[int] = set()
             try:
                 while not self.stop.is_set() and not c.going_away:
-                    while len(c.open_streams()) < DEPTH and not c.going_away:
-                        c.request("POST", "/post", BODY, [("content-type", "application/octet-stream")])
+                    while len(c.open_streams()) < self.depth and not c.going_away:
+                        c.request("POST", "/post", self.body, [("content-type", "application/octet-stream")])
                     c.read_some(timeout=TIMEOUT)
                     self._tally(c, counted)
                 # Going away (or stopping): the open streams are read to their end.
@@ -127,22 +132,52 @@ class H2Clients:
             t.join(TIMEOUT * 3)
 
 
-def test_no_h2_post_fails_across_max_requests_recycling():
-    with gunicorn(APP, *H2C, "-w", "2", "--max-requests", "300", "--max-requests-jitter", "50") as g:
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    trustme = pytest.importorskip("trustme")
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(d / "both.pem"))
+    return str(d / "ca.pem"), str(d / "both.pem")
+
+
+@pytest.mark.parametrize("transport", ["h2c", "tls"])
+def test_no_h2_post_fails_across_max_requests_recycling(transport, pki):
+    """h2c with ROUNDS recycles; h2 over TLS (ALPN) with a third of them."""
+    rounds = ROUNDS if transport == "h2c" else max(2, ROUNDS // 3)
+    connect = None
+    if transport == "tls":
+        ca, both = pki
+        args = ("--http-protocols", "h2,h1", "--certfile", both, "--keyfile", both)
+        ctx = ssl.create_default_context(cafile=ca)
+        ctx.set_alpn_protocols(["h2"])
+    else:
+        args = H2C
+    with gunicorn(APP, *args, "-w", "2", "--max-requests", "300", "--max-requests-jitter", "50", ready=False) as g:
+        # Workers up (the listening socket is the test's: connections wait in its backlog).
         wait_until(lambda: len(worker_pids(g.proc.pid)) == 2, what="2 workers")
         first = set(worker_pids(g.proc.pid))
-        with H2Clients(g.port) as c:
+        if transport == "tls":
+
+            def connect():
+                raw = socket.create_connection(("127.0.0.1", g.port), timeout=TIMEOUT)
+                sock = ctx.wrap_socket(raw, server_hostname="localhost")
+                assert sock.selected_alpn_protocol() == "h2"
+                return FrameClient(sock, scheme="https")
+
+        with H2Clients(g.port, connect=connect) as c:
             wait_until(
-                lambda: g.logs().count("Autorestarting worker") >= ROUNDS,
-                timeout=30 + ROUNDS * 3,
-                what=f"{ROUNDS} recycled workers",
+                lambda: g.logs().count("Autorestarting worker") >= rounds,
+                timeout=30 + rounds * 3,
+                what=f"{rounds} recycled workers",
             )
         assert not first & set(worker_pids(g.proc.pid))
         recycles = g.logs().count("Autorestarting worker")
-    print(f"h2 max-requests: {recycles} recycles, {c.summary()}")
+    print(f"h2 ({transport}) max-requests: {recycles} recycles, {c.summary()}")
     assert c.failed == [], f"{len(c.failed)} of {c.ok + len(c.failed)} POSTs failed: {c.failed[:5]}"
-    assert c.ok > ROUNDS * 250
-    assert c.goaways >= ROUNDS // 2  # the recycles did reach these clients' connections
+    assert c.ok > rounds * 250
+    assert c.goaways >= rounds // 2  # the recycles did reach these clients' connections
 
 
 def test_no_h2_post_fails_across_two_hups():
