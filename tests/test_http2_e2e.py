@@ -10,6 +10,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import time
 
 import pytest
 from h2frames import MAX_ID, FrameClient
@@ -211,3 +212,26 @@ def test_fastapi_with_httpx_over_http2(fastapi_url, pki):
             assert b"".join(s.iter_bytes()) == b"chunk 0\nchunk 1\nchunk 2\nchunk 3\n"
         assert c.get("/sync").json() == {"sync": True}
         assert c.get("/healthz").json() == {"status": "ok", "started": True}
+
+
+@pytest.mark.parametrize("kind", ["standalone", "gunicorn"])
+def test_an_idle_h2_client_that_does_not_read_does_not_hold_the_drain(kind, pki):
+    """A pooled connection whose client is not reading (httpx between
+    requests) never acks the PING of the graceful GOAWAY: with no stream
+    open, the draining worker closes it after about a second, as it does an
+    idle HTTP/1.1 connection, instead of waiting for graceful_timeout."""
+    with serve(kind, PROBE, "h2c", pki, "--graceful-timeout", "20") as s:
+        c = FrameClient.connect(s.port)
+        try:
+            st = c.request("GET", "/")
+            c.wait([st])
+            assert st.outcome == "ok" and st.body == b"ok"
+            t0 = time.monotonic()
+            s.send_signal(signal.SIGTERM)  # and the client reads nothing until the server is gone
+            assert s.wait(15) == 0
+            assert time.monotonic() - t0 < 5, s.logs()
+            assert "graceful timeout" not in s.logs(), s.logs()
+            c.read_to_eof(timeout=5)
+            assert c.goaways and all(g.error_code == 0 for g in c.goaways)
+        finally:
+            c.close()
