@@ -14,7 +14,7 @@ import time
 
 import pytest
 from h2frames import MAX_ID, FrameClient
-from harness import gunicorn, skirr, wait_until
+from harness import gunicorn, request, skirr, wait_until
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("h2")
@@ -216,24 +216,36 @@ def test_fastapi_with_httpx_over_http2(fastapi_url, pki):
         assert c.get("/healthz").json() == {"status": "ok", "started": True}
 
 
+@pytest.mark.parametrize("in_flight", [False, True], ids=["idle", "stream-then-idle"])
 @pytest.mark.parametrize("kind", ["standalone", "gunicorn"])
-def test_an_idle_h2_client_that_does_not_read_does_not_hold_the_drain(kind, pki):
+def test_an_idle_h2_client_that_does_not_read_does_not_hold_the_drain(kind, in_flight, pki):
     """A pooled connection whose client is not reading (httpx between
     requests) never acks the PING of the graceful GOAWAY: with no stream
-    open, the draining worker closes it after about a second, as it does an
-    idle HTTP/1.1 connection, instead of waiting for graceful_timeout."""
-    with serve(kind, PROBE, "h2c", pki, "--graceful-timeout", "20") as s:
+    open, the draining worker closes it about a second after the drain
+    began or its last stream ended, as it does an idle HTTP/1.1
+    connection, instead of waiting for graceful_timeout. ``in_flight``: a
+    1.5 s request is open at SIGTERM (its response is written into the
+    socket unread)."""
+    workers = ("-w", "1") if kind == "gunicorn" else ()  # one app process: its /events is the one
+    with serve(kind, PROBE, "h2c", pki, "--graceful-timeout", "20", *workers) as s:
         c = FrameClient.connect(s.port)
         try:
             st = c.request("GET", "/")
             c.wait([st])
             assert st.outcome == "ok" and st.body == b"ok"
+            slow = c.request("GET", "/sleep?secs=1.5&tag=idle-drain") if in_flight else None
+            if slow:
+                wait_until(lambda: b"idle-drain" in request(s.port, "GET", "/events").body, what="the app sleeping")
             t0 = time.monotonic()
             s.send_signal(signal.SIGTERM)  # and the client reads nothing until the server is gone
             assert s.wait(15) == 0
-            assert time.monotonic() - t0 < 5, s.logs()
+            took = time.monotonic() - t0
+            # Idle: ~1 s. In flight: 1.5 s, then ~1 s (it was up to keepalive_timeout later).
+            assert took < (3.5 if in_flight else 3), (took, s.logs())
             assert "graceful timeout" not in s.logs(), s.logs()
             c.read_to_eof(timeout=5)
             assert c.goaways and all(g.error_code == 0 for g in c.goaways)
+            if slow:
+                assert slow.outcome == "ok" and slow.body == b"slept", slow.why
         finally:
             c.close()

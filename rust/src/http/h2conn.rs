@@ -361,6 +361,9 @@ where
                         return Poll::Ready("drain: idle");
                     }
                     next = next.min(since + drain_idle);
+                } else {
+                    // Look again soon: a stream ending does not wake this task.
+                    next = next.min(now + drain_idle.max(100));
                 }
             }
             if !closing && streams.open.load(Ordering::Relaxed) == 0 {
