@@ -46,7 +46,8 @@ pub(crate) const PARK_AFTER: Duration = Duration::from_millis(250);
 /// a connection still idle after this is closed. Clients sending back to
 /// back get their close in a response and lose nothing, POSTs included;
 /// only a client that sends its first request after a silence of this
-/// long, in the very moment of the close, can still race it.
+/// long, in the very moment of the close, can still race it. HTTP/2 uses
+/// it too: a draining connection with no stream open (`h2conn::serve`).
 pub(crate) const DRAIN_IDLE: Duration = Duration::from_millis(1000);
 
 /// How long closing a connection may wait for its last bytes (a TLS

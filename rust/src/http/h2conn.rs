@@ -50,7 +50,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Http2};
 use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
 use crate::http::body::ResponseBody;
-use crate::http::conn::ConnCtx;
+use crate::http::conn::{ConnCtx, DRAIN_IDLE};
 use crate::http::exchange::Aborted;
 use crate::http::io::{ConnIo, Readiness};
 use crate::http::service;
@@ -523,6 +523,17 @@ where
     let mut closing = false;
     // An idle close whose GOAWAY the client leaves unanswered ends here.
     let mut give_up = u64::MAX;
+    // Drain: hyper's graceful shutdown (GOAWAY 2^31-1, PING, then the final
+    // GOAWAY) waits for the PING's ack, which a client not reading its
+    // socket (an idle pooled connection: httpx between requests) never
+    // sends; that held the worker until graceful_timeout. So, as HTTP/1.1
+    // does with an idle connection, a draining connection with no stream
+    // open for DRAIN_IDLE (capped by keepalive) after the drain began or
+    // its last stream closed is closed. Set when the drain begins.
+    let drain_idle = DRAIN_IDLE
+        .min(ctx.shared.config.keepalive_timeout)
+        .as_millis() as u64;
+    let mut drain_idle_from: Option<u64> = None;
     poll_fn(|cx| {
         if !registered {
             member.register(cx.waker());
@@ -535,6 +546,12 @@ where
                     // GOAWAY (NO_ERROR); open streams finish.
                     closing = true;
                     conn.as_mut().graceful_shutdown();
+                }
+                if drain_idle_from.is_none() {
+                    // The drain-idle check (see `drain_idle`) starts now.
+                    let now = clock_ms();
+                    drain_idle_from = Some(now);
+                    timer.as_mut().reset(deadline_at(now + drain_idle));
                 }
             }
             // WebSockets send close 1001 on this order; the connection
@@ -561,6 +578,18 @@ where
             let mut next = now + idle_check;
             if now >= give_up {
                 return Poll::Ready("keep-alive idle timeout");
+            }
+            if let Some(from) = drain_idle_from {
+                if streams.open.load(Ordering::Relaxed) == 0 {
+                    let since = streams.since_ms.load(Ordering::Relaxed).max(from);
+                    if now + 5 >= since + drain_idle {
+                        return Poll::Ready("drain: idle");
+                    }
+                    next = next.min(since + drain_idle);
+                } else {
+                    // Look again soon: a stream ending does not wake this task.
+                    next = next.min(now + drain_idle.max(100));
+                }
             }
             if !closing && streams.open.load(Ordering::Relaxed) == 0 {
                 let due = streams.since_ms.load(Ordering::Relaxed) + keepalive;
