@@ -358,14 +358,25 @@ def run_h2load(
     def pct(q: float) -> float | None:
         return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
 
-    done = int(req.group(4)) if req else 0  # succeeded
+    # h2load: "failed" includes HTTP-level failures; "errored" is its subset
+    # of network-level ones (connection errors, RST_STREAM). Responses
+    # received = succeeded + failed - errored.
+    succeeded, failed, errored, timeouts = (int(req.group(i)) for i in (4, 5, 6, 7)) if req else (0, 0, 0, 0)
+    responses = succeeded + failed - errored
+    statuses = [int(x) for x in st.groups()] if st else [0, 0, 0, 0]
     return {
         "rps": float(rate.group(1)) if rate else 0.0,
-        "requests": done,
+        "requests": responses,
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
-        "socket_errors": (int(req.group(5)) + int(req.group(6)) + int(req.group(7))) if req else 0,
-        "non2xx": (sum(int(x) for x in st.groups()) - int(st.group(1))) if st else 0,
+        "socket_errors": errored,
+        "timeouts": timeouts,
+        "non2xx": statuses[2] + statuses[3],
+        # Responses whose status h2load did not record: its HTTP/1.1 parser
+        # (nghttp2 1.52) reports none for a status line with an empty reason
+        # phrase (hypercorn's "HTTP/1.1 200 "); run.py's own checks before and
+        # after the cell read those as 200.
+        "no_status": max(0, responses - sum(statuses)),
         "protocol": proto.group(1) if proto else None,
         "offered_rps": rps * conns if rps else None,
         "client_cpu_pct": 100.0 * (ru.ru_utime + ru.ru_stime) / wall,
@@ -519,6 +530,9 @@ def measure(name: str, w: Workload, cells: list[Cell], args, venv: Path) -> list
                 cell.error = f"not served as h2c (h2load negotiated {', '.join(protos)})"
             if cell.runs and not any(r["requests"] for r in cell.runs):
                 cell.error = "no request completed"
+            elif any(r.get("no_status") for r in cell.runs):
+                n = sum(r.get("no_status", 0) for r in cell.runs)
+                cell.error = f"h2load read no status from {n:,} responses (empty reason phrase), counted as completed"
             cell.verify_after = verify(port, w)
             if cell.verify_after:
                 cell.error = f"verification after load failed: {cell.verify_after}"
