@@ -474,74 +474,127 @@ def plan_loads(w: Workload, conns: list[int], fixed: dict, args) -> list[Cell]:
     return cells
 
 
-def measure(name: str, w: Workload, cells: list[Cell], args, venv: Path) -> list[Cell]:
-    for cell in cells:
-        cell.server = name
-    if w.proto == "h2" and name not in H2:
-        for cell in cells:
-            cell.error = NO_H2.get(name, f"{name} is not configured for h2c (see H2 in run.py)")
-        return cells
-    if name == "hyper":
-        if w.hyper_path is None:
-            for cell in cells:
-                cell.error = "not applicable"
-            return cells
-        w = Workload(w.name, "", w.hyper_path, w.method, w.body_size, w.expect_body, w.expect_len, proto=w.proto)
-    port = free_port()
-    proc = start_server(name, w, port, venv, extra=H2[name] if w.proto == "h2" else "")
+@dataclass
+class Running:
+    """One server started for one workload, with the cells it is measured in."""
 
-    def fail(msg: str) -> list[Cell]:
-        for cell in cells:
+    name: str
+    w: Workload
+    cells: list
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    failed: bool = False
+
+    def fail(self, msg: str) -> None:
+        self.failed = True
+        for cell in self.cells:
             if not cell.runs and not cell.error:
                 cell.error = msg
-        return cells
 
-    try:
-        if not wait_ready(port, proc):
-            err = proc.stderr.read().decode(errors="replace")[-500:] if proc.poll() is not None else ""
-            return fail(f"did not start {err}".strip())
-        # Let the server finish booting (lifespan, worker fork) before measuring.
-        for _ in range(50):
-            if verify(port, w) is None:
-                break
-            time.sleep(0.1)
-        url = f"http://127.0.0.1:{port}{w.path}"
+
+def one_run(r: Running, cell: Cell, args) -> None:
+    url = f"http://127.0.0.1:{r.port}{r.w.path}"
+    busy0, before = machine_busy(), tree_cpu(r.proc.pid)
+    res = one_load(url, r.w, cell, args.duration)
+    res.update(cpu_delta(before, tree_cpu(r.proc.pid), res["requests"]))
+    res.update(other_load(busy0, machine_busy(), res["server_cpu_pct"], res["client_cpu_pct"]))
+    res["client_saturated"] = res["client_cpu_pct"] >= 95.0
+    if cell.load == "fixed":
+        res["server_saturated"] = res["rps"] < 0.97 * (cell.offered_rps or 0)
+    if not args.keep_raw:
+        res.pop("raw")
+    cell.runs.append(res)
+
+
+def check_cell(r: Running, cell: Cell) -> None:
+    cell.pss_load_kib = tree_pss_kib(r.proc.pid)
+    if cell.load == "h2" and any(x.get("protocol") != "h2c" for x in cell.runs):
+        protos = sorted({str(x.get("protocol")) for x in cell.runs})
+        cell.error = f"not served as h2c (h2load negotiated {', '.join(protos)})"
+    if cell.runs and not any(x["requests"] for x in cell.runs):
+        cell.error = "no request completed"
+    elif any(x.get("no_status") for x in cell.runs):
+        n = sum(x.get("no_status", 0) for x in cell.runs)
+        cell.error = f"h2load read no status from {n:,} responses (empty reason phrase), counted as completed"
+    cell.verify_after = verify(r.port, r.w)
+    if cell.verify_after:
+        cell.error = f"verification after load failed: {cell.verify_after}"
+        r.fail("server failed in an earlier load of the same start")
+    elif r.proc.poll() is not None:
+        r.fail("server exited")
+
+
+def measure_workload(w: Workload, servers: list[str], plan, args, venv: Path) -> list[Cell]:
+    """Every server of one workload, interleaved: all are started (each pinned
+    to the server CPU; idle ones cost next to nothing), then for each kind of
+    load, run k of every server follows run k-1 of every server (the order
+    rotating each round), so that a burst of other load on the machine hits
+    one run of several servers rather than every run of one."""
+    running: list[Running] = []
+    out: list[Cell] = []
+    for name in servers:
+        cells = plan()
         for cell in cells:
-            cell.verify_before = verify(port, w)
-            if cell.verify_before:
-                cell.error = f"verification failed: {cell.verify_before}"
+            cell.server = name
+        out += cells
+        if w.proto == "h2" and name not in H2:
+            for cell in cells:
+                cell.error = NO_H2.get(name, f"{name} is not configured for h2c (see H2 in run.py)")
+            continue
+        wn = w
+        if name == "hyper":
+            if w.hyper_path is None:
+                for cell in cells:
+                    cell.error = "not applicable"
                 continue
-            cell.pss_idle_kib = tree_pss_kib(proc.pid)
-            one_load(url, w, cell, args.warmup)
-            for _ in range(args.runs):
-                busy0, before = machine_busy(), tree_cpu(proc.pid)
-                r = one_load(url, w, cell, args.duration)
-                r.update(cpu_delta(before, tree_cpu(proc.pid), r["requests"]))
-                r.update(other_load(busy0, machine_busy(), r["server_cpu_pct"], r["client_cpu_pct"]))
-                r["client_saturated"] = r["client_cpu_pct"] >= 95.0
-                if cell.load == "fixed":
-                    r["server_saturated"] = r["rps"] < 0.97 * (cell.offered_rps or 0)
-                if not args.keep_raw:
-                    r.pop("raw")
-                cell.runs.append(r)
-            cell.pss_load_kib = tree_pss_kib(proc.pid)
-            if cell.load == "h2" and any(r.get("protocol") != "h2c" for r in cell.runs):
-                protos = sorted({str(r.get("protocol")) for r in cell.runs})
-                cell.error = f"not served as h2c (h2load negotiated {', '.join(protos)})"
-            if cell.runs and not any(r["requests"] for r in cell.runs):
-                cell.error = "no request completed"
-            elif any(r.get("no_status") for r in cell.runs):
-                n = sum(r.get("no_status", 0) for r in cell.runs)
-                cell.error = f"h2load read no status from {n:,} responses (empty reason phrase), counted as completed"
-            cell.verify_after = verify(port, w)
-            if cell.verify_after:
-                cell.error = f"verification after load failed: {cell.verify_after}"
-                return fail("server failed in an earlier load of the same start")
-            if proc.poll() is not None:
-                return fail("server exited")
-        return cells
+            wn = Workload(w.name, "", w.hyper_path, w.method, w.body_size, w.expect_body, w.expect_len, proto=w.proto)
+        running.append(Running(name, wn, cells))
+    try:
+        for r in running:
+            r.port = free_port()
+            r.proc = start_server(r.name, r.w, r.port, venv, extra=H2[r.name] if w.proto == "h2" else "")
+        for r in running:
+            if not wait_ready(r.port, r.proc):
+                err = r.proc.stderr.read().decode(errors="replace")[-500:] if r.proc.poll() is not None else ""
+                r.fail(f"did not start {err}".strip())
+                continue
+            # Let the server finish booting (lifespan, worker fork) before measuring.
+            for _ in range(50):
+                if verify(r.port, r.w) is None:
+                    break
+                time.sleep(0.1)
+        nloads = max((len(r.cells) for r in running), default=0)
+        for i in range(nloads):
+            active = []
+            for r in running:
+                if r.failed:
+                    continue
+                cell = r.cells[i]
+                cell.verify_before = verify(r.port, r.w)
+                if cell.verify_before:
+                    cell.error = f"verification failed: {cell.verify_before}"
+                    continue
+                cell.pss_idle_kib = tree_pss_kib(r.proc.pid)
+                active.append(r)
+            for k in range(args.runs):
+                shift = k % len(active) if active else 0
+                for r in active[shift:] + active[:shift]:
+                    if r.failed:
+                        continue
+                    cell = r.cells[i]
+                    if k == 0:
+                        one_load(f"http://127.0.0.1:{r.port}{r.w.path}", r.w, cell, args.warmup)
+                    one_run(r, cell, args)
+                    if r.proc.poll() is not None:
+                        r.fail("server exited")
+            for r in active:
+                if not r.failed:
+                    check_cell(r, r.cells[i])
+        return out
     finally:
-        stop_server(proc)
+        for r in running:
+            if r.proc is not None:
+                stop_server(r.proc)
 
 
 def stream_first_byte(name: str, venv: Path, samples: int = 20) -> dict | None:
@@ -977,26 +1030,26 @@ def main(argv=None) -> int:
     }
     t_start = time.monotonic()
     for w in workloads:
-        for s in servers:
-            plan = plan_loads(w, conns if w.name in names else [], fixed, args)
-            for cell in measure(s, w, plan, args, venv):
-                d = summarize(cell)
-                report["cells"].append(d)
-                tag = {"wrk": f"c{cell.connections}", "fixed": f"@{(cell.offered_rps or 0) / 1000:g}k"}.get(
-                    cell.load, f"c{cell.connections}x{cell.streams}"
+        plan = lambda w=w: plan_loads(w, conns if w.name in names else [], fixed, args)  # noqa: E731
+        cells = measure_workload(w, servers, plan, args, venv)
+        for cell in sorted(cells, key=lambda c: (c.load != "wrk", c.connections)):
+            d = summarize(cell)
+            report["cells"].append(d)
+            tag = {"wrk": f"c{cell.connections}", "fixed": f"@{(cell.offered_rps or 0) / 1000:g}k"}.get(
+                cell.load, f"c{cell.connections}x{cell.streams}"
+            )
+            if d.get("runs"):
+                print(
+                    f"{tag:>7} {w.name:<13} {cell.server:<15} {_us(d['cpu_us_per_req']):>6} µs/req"
+                    f" {d['rps_median']:>10,.0f} req/s  p50 {d['p50_ms']:.2f} p99 {d['p99_ms']:.2f} ms"
+                    f"  cpu {d['server_cpu_pct']:.0f}%  client {d['client_cpu_pct']:.0f}%"
+                    f"{'  CLIENT-SATURATED' if d['client_saturated'] else ''}"
+                    f"{'  SERVER-SATURATED' if d.get('server_saturated') else ''}"
+                    f"{'  ' + cell.error if cell.error else ''}",
+                    flush=True,
                 )
-                if d.get("runs"):
-                    print(
-                        f"{tag:>7} {w.name:<13} {s:<15} {_us(d['cpu_us_per_req']):>6} µs/req"
-                        f" {d['rps_median']:>10,.0f} req/s  p50 {d['p50_ms']:.2f} p99 {d['p99_ms']:.2f} ms"
-                        f"  cpu {d['server_cpu_pct']:.0f}%  client {d['client_cpu_pct']:.0f}%"
-                        f"{'  CLIENT-SATURATED' if d['client_saturated'] else ''}"
-                        f"{'  SERVER-SATURATED' if d.get('server_saturated') else ''}"
-                        f"{'  ' + cell.error if cell.error else ''}",
-                        flush=True,
-                    )
-                else:
-                    print(f"{tag:>7} {w.name:<13} {s:<15} {cell.error}", flush=True)
+            else:
+                print(f"{tag:>7} {w.name:<13} {cell.server:<15} {cell.error}", flush=True)
     if args.stream:
         report["stream"] = {s: stream_first_byte(s, venv) for s in servers if s != "hyper"}
     if args.ws:
