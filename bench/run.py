@@ -48,6 +48,7 @@ class Workload:
     expect_body: bytes | None = None
     expect_len: int | None = None
     hyper_path: str | None = None  # route on the pure-hyper ceiling, None = not applicable
+    proto: str = "h1"  # "h2": HTTP/2 over cleartext with prior knowledge, driven by h2load
 
 
 WORKLOADS = {
@@ -57,8 +58,17 @@ WORKLOADS = {
         Workload("get_64k", "bench.apps:get_64k", "/", expect_len=65536, hyper_path="/64k"),
         Workload("post_4k", "bench.apps:post_4k", "/", "POST", 4096, expect_body=b"4096", hyper_path="/"),
         Workload("fastapi_json", "bench.fastapi_app:app", "/", expect_body=b'{"message":"Hello, world!"}'),
+        Workload("h2_raw_get", "bench.apps:raw_get", "/", expect_body=b"Hello, world!", hyper_path="/", proto="h2"),
+        Workload(
+            "h2_post_4k", "bench.apps:post_4k", "/", "POST", 4096, expect_body=b"4096", hyper_path="/", proto="h2"
+        ),
     ]
 }
+
+# Fixed offered load (`--fixed`): total req/s per workload, below the
+# saturation of every leader on this machine, so that CPU per request is
+# compared at the same load. `--fixed-rate` overrides it for every workload.
+FIXED_RATE = {"raw_get": 25600, "post_4k": 19200, "get_64k": 12800, "fastapi_json": 3200}
 
 # {bin}: the bench venv's bin; {py}: its python; {app}; {port}; {root}: repo root.
 SERVERS = {
@@ -77,6 +87,26 @@ SERVERS = {
     "rustwasgi": "{bin}/gunicorn -k rustwasgi.gunicorn.RustWASGIWorker -w 1 -b 127.0.0.1:{port} "
     "--log-level warning {app}",
     "hyper": "{root}/target/release/hyper-hello {port}",
+}
+
+# What each server needs to serve HTTP/2 over cleartext with prior knowledge
+# (h2c) on the port it also serves HTTP/1.1 on: appended to its command line
+# ("" = it does so as configured above). A server missing here does not serve
+# h2c; its HTTP/2 cells say why.
+H2 = {
+    "skirr": " --http2",
+    "skirr-gunicorn": " --http-protocols h2,h1 --http2-cleartext prior-knowledge",
+    "gunicorn-asgi": " --http-protocols h2,h1 --http2-cleartext prior-knowledge",
+    "granian": "",  # --http auto (the default): HTTP/2 preface or HTTP/1.1
+    "hypercorn": "",  # h2c prior knowledge on plain TCP by default
+    "peregrine": "",  # HTTP/2 on unless --no-http2; h2c prior knowledge on plain TCP
+    "weft": "",  # likewise
+    "uvicorn": " --http zttp --http2",  # HTTP/2 needs zttp's parser (the h1 cells use httptools)
+    "hyper": " --h2",  # hyper-util's auto builder
+}
+NO_H2 = {
+    "uvicorn-worker": "no HTTP/2 setting in uvicorn-worker 0.4 (it never passes uvicorn's http2)",
+    "rustwasgi": "HTTP/1.1 only: rustwasgi 0.1.4 drops the HTTP/2 preface, answers Upgrade: h2c as HTTP/1.1",
 }
 
 DEFAULT_SERVERS = (
@@ -103,16 +133,71 @@ def tree_pids(pid: int) -> list[int]:
     return pids
 
 
-def tree_cpu_ticks(pid: int) -> int:
-    total = 0
+def tree_cpu(pid: int) -> dict:
+    """On-CPU time of every thread of the server's process tree: a snapshot
+    of ``/proc/<pid>/task/<tid>/schedstat`` (field 1, ``sum_exec_runtime``,
+    nanoseconds, exact rather than sampled per tick) per thread, and the tick
+    count of ``/proc/<pid>/stat`` utime+stime summed over the processes
+    (which also keeps threads that exited), as a cross-check."""
+    tasks, ticks = {}, 0
     for p in tree_pids(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except OSError:
+            ticks += int(fields[11]) + int(fields[12])
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    tasks[(p, int(tid))] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
             pass
-    return total
+    return {"tasks": tasks, "ticks": ticks, "t": time.monotonic()}
+
+
+def cpu_delta(before: dict, after: dict, done: int) -> dict:
+    """Server CPU between two `tree_cpu` snapshots: total µs, % of one core,
+    and µs per completed request (or message). A thread that exited between
+    the snapshots took its time with it; ``exited_threads`` counts them and
+    ``cpu_us_ticks`` (utime+stime, 1/CLK_TCK resolution) is the check."""
+    ns = sum(v - before["tasks"].get(k, 0) for k, v in after["tasks"].items())
+    wall = after["t"] - before["t"]
+    ticks_us = (after["ticks"] - before["ticks"]) * 1e6 / CLK
+    return {
+        "server_cpu_us": ns / 1000,
+        "server_cpu_pct": 100.0 * ns / 1e9 / wall if wall > 0 else 0.0,
+        "cpu_us_per_req": ns / 1000 / done if done else None,
+        "cpu_us_ticks": ticks_us,
+        "threads": len(after["tasks"]),
+        "exited_threads": sum(1 for k in before["tasks"] if k not in after["tasks"]),
+    }
+
+
+def machine_busy() -> dict:
+    """Busy ticks per CPU from /proc/stat (user+nice+system+irq+softirq+steal)."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if not line.startswith("cpu"):
+                break
+            name, *vals = line.split()
+            v = [int(x) for x in vals[:8]]
+            out[name] = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7], sum(v))
+    return out
+
+
+def other_load(before: dict, after: dict, server_pct: float, client_pct: float) -> dict:
+    """What else ran on the machine during a run: busy % of each CPU, and
+    the busy time (in % of one core) not spent by the server or the load
+    generator — other users' processes, kernel threads, softirq work."""
+    pct = {}
+    for name in after:
+        busy = after[name][0] - before.get(name, (0, 0))[0]
+        total = after[name][1] - before.get(name, (0, 0))[1]
+        pct[name] = 100.0 * busy / total if total else 0.0
+    ncpu = max(1, len(after) - 1)
+    return {
+        "cpu_busy_pct": {k: round(v, 1) for k, v in pct.items() if k != "cpu"},
+        "other_cpu_pct": round(pct.get("cpu", 0.0) * ncpu - server_pct - client_pct, 1),
+    }
 
 
 def tree_pss_kib(pid: int) -> int:
@@ -140,10 +225,26 @@ def one_request(port: int, w: Workload, timeout: float = 5.0) -> tuple[int, byte
         c.close()
 
 
+def one_h2_request(port: int, w: Workload, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One request over HTTP/2 with prior knowledge (curl, built with nghttp2)."""
+    args = ["curl", "-s", "--http2-prior-knowledge", "-m", str(timeout), "-o", "-"]
+    args += ["-w", "\n%{http_code} %{http_version}"]
+    if w.method == "POST":
+        args += ["--data-binary", f"@{post_body_file()}", "-H", "content-type: application/octet-stream"]
+    out = subprocess.run([*args, f"http://127.0.0.1:{port}{w.path}"], capture_output=True, timeout=timeout + 2)
+    body, _, tail = out.stdout.rpartition(b"\n")
+    code, _, version = tail.decode(errors="replace").partition(" ")
+    if out.returncode != 0:
+        raise OSError(f"curl exit {out.returncode}")
+    if version != "2":
+        raise OSError(f"served as HTTP/{version}, not HTTP/2")
+    return int(code), body
+
+
 def verify(port: int, w: Workload) -> str | None:
     try:
-        status, body = one_request(port, w)
-    except OSError as e:
+        status, body = (one_h2_request if w.proto == "h2" else one_request)(port, w)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
         return f"request failed: {e}"
     if status != 200:
         return f"status {status}"
@@ -196,11 +297,101 @@ def run_wrk(url: str, w: Workload, conns: int, duration: float) -> dict:
     }
 
 
+H2LOAD_RE = {
+    "rps": re.compile(r"finished in [\d.]+\w*, ([\d.]+) req/s"),
+    "requests": re.compile(
+        r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, "
+        r"(\d+) timeout"
+    ),
+    "status": re.compile(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx"),
+    "proto": re.compile(r"Application protocol: (\S+)"),
+}
+
+
+def post_body_file() -> Path:
+    path = Path(f"/tmp/skirr-bench-post4k-{os.getpid()}.bin")
+    if not path.exists():
+        path.write_bytes(b"x" * 4096)
+    return path
+
+
+def run_h2load(
+    url: str, w: Workload, conns: int, duration: float, streams: int = 1, h1: bool = False, rps: float = 0
+) -> dict:
+    """One timed h2load run. HTTP/2 over cleartext with prior knowledge
+    (h2load's default for http://), or HTTP/1.1 keep-alive with ``h1``.
+    ``rps`` > 0 offers that many requests per second *per connection*
+    (h2load's ``--rps``): a fixed offered load rather than a closed loop.
+    p50/p99 come from h2load's per-request log (``--log-file``)."""
+    log = Path(f"/tmp/skirr-bench-h2load-{os.getpid()}.log")
+    log.unlink(missing_ok=True)
+    args = ["taskset", "-c", CLIENT_CPU, "h2load", "-t1", f"-c{conns}", f"-m{streams}"]
+    args += [f"-D{max(1, round(duration))}", f"--log-file={log}"]
+    if h1:
+        args.append("--h1")
+    if rps:
+        args.append(f"--rps={rps:g}")
+    if w.method == "POST":
+        args += ["-d", str(post_body_file())]
+    args.append(url)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - t0
+    req = H2LOAD_RE["requests"].search(out)
+    st = H2LOAD_RE["status"].search(out)
+    rate = H2LOAD_RE["rps"].search(out)
+    proto = H2LOAD_RE["proto"].search(out)
+    lat = []
+    try:
+        with open(log) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3:
+                    lat.append(int(parts[2]) / 1000.0)
+    except OSError:
+        pass
+    log.unlink(missing_ok=True)
+    lat.sort()
+
+    def pct(q: float) -> float | None:
+        return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
+
+    # h2load: "failed" includes HTTP-level failures; "errored" is its subset
+    # of network-level ones (connection errors, RST_STREAM). Responses
+    # received = succeeded + failed - errored.
+    succeeded, failed, errored, timeouts = (int(req.group(i)) for i in (4, 5, 6, 7)) if req else (0, 0, 0, 0)
+    responses = succeeded + failed - errored
+    statuses = [int(x) for x in st.groups()] if st else [0, 0, 0, 0]
+    return {
+        "rps": float(rate.group(1)) if rate else 0.0,
+        "requests": responses,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "socket_errors": errored,
+        "timeouts": timeouts,
+        "non2xx": statuses[2] + statuses[3],
+        # Responses whose status h2load did not record: its HTTP/1.1 parser
+        # (nghttp2 1.52) reports none for a status line with an empty reason
+        # phrase (hypercorn's "HTTP/1.1 200 "); run.py's own checks before and
+        # after the cell read those as 200.
+        "no_status": max(0, responses - sum(statuses)),
+        "protocol": proto.group(1) if proto else None,
+        "offered_rps": rps * conns if rps else None,
+        "client_cpu_pct": 100.0 * (ru.ru_utime + ru.ru_stime) / wall,
+        "raw": out,
+    }
+
+
 @dataclass
 class Cell:
     server: str
     workload: str
     connections: int
+    load: str = "wrk"  # "wrk" closed loop, "fixed" h2load --h1 --rps, "h2" h2load -m streams
+    streams: int = 1
+    offered_rps: float | None = None
     runs: list = field(default_factory=list)
     verify_before: str | None = None
     verify_after: str | None = None
@@ -264,48 +455,146 @@ def stop_server(proc: subprocess.Popen) -> None:
             return
 
 
-def measure(name: str, w: Workload, conns: int, args, venv: Path) -> Cell:
-    cell = Cell(name, w.name, conns)
-    if name == "hyper":
-        if w.hyper_path is None:
-            cell.error = "not applicable"
-            return cell
-        w = Workload(w.name, "", w.hyper_path, w.method, w.body_size, w.expect_body, w.expect_len)
-    port = free_port()
-    proc = start_server(name, w, port, venv)
+def one_load(url: str, w: Workload, cell: Cell, duration: float) -> dict:
+    if cell.load == "wrk":
+        return run_wrk(url, w, cell.connections, duration)
+    if cell.load == "fixed":
+        per_conn = (cell.offered_rps or 0) / cell.connections
+        return run_h2load(url, w, cell.connections, duration, h1=True, rps=per_conn)
+    return run_h2load(url, w, cell.connections, duration, streams=cell.streams)
+
+
+def plan_loads(w: Workload, conns: list[int], fixed: dict, args) -> list[Cell]:
+    """The load runs of one (server, workload): they share one server start."""
+    if w.proto == "h2":
+        return [Cell("", w.name, args.h2_connections, load="h2", streams=args.h2_streams)]
+    cells = [Cell("", w.name, c) for c in conns]
+    if w.name in fixed:
+        cells.append(Cell("", w.name, args.fixed_connections, load="fixed", offered_rps=fixed[w.name]))
+    return cells
+
+
+@dataclass
+class Running:
+    """One server started for one workload, with the cells it is measured in."""
+
+    name: str
+    w: Workload
+    cells: list
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    failed: bool = False
+
+    def fail(self, msg: str) -> None:
+        self.failed = True
+        for cell in self.cells:
+            if not cell.runs and not cell.error:
+                cell.error = msg
+
+
+def one_run(r: Running, cell: Cell, args) -> None:
+    url = f"http://127.0.0.1:{r.port}{r.w.path}"
+    busy0, before = machine_busy(), tree_cpu(r.proc.pid)
+    res = one_load(url, r.w, cell, args.duration)
+    res.update(cpu_delta(before, tree_cpu(r.proc.pid), res["requests"]))
+    res.update(other_load(busy0, machine_busy(), res["server_cpu_pct"], res["client_cpu_pct"]))
+    res["client_saturated"] = res["client_cpu_pct"] >= 95.0
+    if cell.load == "fixed":
+        res["server_saturated"] = res["rps"] < 0.97 * (cell.offered_rps or 0)
+    if not args.keep_raw:
+        res.pop("raw")
+    cell.runs.append(res)
+
+
+def check_cell(r: Running, cell: Cell) -> None:
+    cell.pss_load_kib = tree_pss_kib(r.proc.pid)
+    if cell.load == "h2" and any(x.get("protocol") != "h2c" for x in cell.runs):
+        protos = sorted({str(x.get("protocol")) for x in cell.runs})
+        cell.error = f"not served as h2c (h2load negotiated {', '.join(protos)})"
+    if cell.runs and not any(x["requests"] for x in cell.runs):
+        cell.error = "no request completed"
+    elif any(x.get("no_status") for x in cell.runs):
+        n = sum(x.get("no_status", 0) for x in cell.runs)
+        cell.error = f"h2load read no status from {n:,} responses (empty reason phrase), counted as completed"
+    cell.verify_after = verify(r.port, r.w)
+    if cell.verify_after:
+        cell.error = f"verification after load failed: {cell.verify_after}"
+        r.fail("server failed in an earlier load of the same start")
+    elif r.proc.poll() is not None:
+        r.fail("server exited")
+
+
+def measure_workload(w: Workload, servers: list[str], plan, args, venv: Path) -> list[Cell]:
+    """Every server of one workload, interleaved: all are started (each pinned
+    to the server CPU; idle ones cost next to nothing), then for each kind of
+    load, run k of every server follows run k-1 of every server (the order
+    rotating each round), so that a burst of other load on the machine hits
+    one run of several servers rather than every run of one."""
+    running: list[Running] = []
+    out: list[Cell] = []
+    for name in servers:
+        cells = plan()
+        for cell in cells:
+            cell.server = name
+        out += cells
+        if w.proto == "h2" and name not in H2:
+            for cell in cells:
+                cell.error = NO_H2.get(name, f"{name} is not configured for h2c (see H2 in run.py)")
+            continue
+        wn = w
+        if name == "hyper":
+            if w.hyper_path is None:
+                for cell in cells:
+                    cell.error = "not applicable"
+                continue
+            wn = Workload(w.name, "", w.hyper_path, w.method, w.body_size, w.expect_body, w.expect_len, proto=w.proto)
+        running.append(Running(name, wn, cells))
     try:
-        if not wait_ready(port, proc):
-            err = proc.stderr.read().decode(errors="replace")[-500:] if proc.poll() is not None else ""
-            cell.error = f"did not start {err}".strip()
-            return cell
-        # Let the server finish booting (lifespan, worker fork) before measuring.
-        for _ in range(50):
-            if verify(port, w) is None:
-                break
-            time.sleep(0.1)
-        cell.verify_before = verify(port, w)
-        if cell.verify_before:
-            cell.error = f"verification failed: {cell.verify_before}"
-            return cell
-        cell.pss_idle_kib = tree_pss_kib(proc.pid)
-        url = f"http://127.0.0.1:{port}{w.path}"
-        run_wrk(url, w, conns, args.warmup)
-        for _ in range(args.runs):
-            t0 = tree_cpu_ticks(proc.pid)
-            wall0 = time.monotonic()
-            r = run_wrk(url, w, conns, args.duration)
-            r["server_cpu_pct"] = 100.0 * (tree_cpu_ticks(proc.pid) - t0) / CLK / (time.monotonic() - wall0)
-            r["client_saturated"] = r["client_cpu_pct"] >= 95.0
-            if not args.keep_raw:
-                r.pop("raw")
-            cell.runs.append(r)
-        cell.pss_load_kib = tree_pss_kib(proc.pid)
-        cell.verify_after = verify(port, w)
-        if cell.verify_after:
-            cell.error = f"verification after load failed: {cell.verify_after}"
-        return cell
+        for r in running:
+            r.port = free_port()
+            r.proc = start_server(r.name, r.w, r.port, venv, extra=H2[r.name] if w.proto == "h2" else "")
+        for r in running:
+            if not wait_ready(r.port, r.proc):
+                err = r.proc.stderr.read().decode(errors="replace")[-500:] if r.proc.poll() is not None else ""
+                r.fail(f"did not start {err}".strip())
+                continue
+            # Let the server finish booting (lifespan, worker fork) before measuring.
+            for _ in range(50):
+                if verify(r.port, r.w) is None:
+                    break
+                time.sleep(0.1)
+        nloads = max((len(r.cells) for r in running), default=0)
+        for i in range(nloads):
+            active = []
+            for r in running:
+                if r.failed:
+                    continue
+                cell = r.cells[i]
+                cell.verify_before = verify(r.port, r.w)
+                if cell.verify_before:
+                    cell.error = f"verification failed: {cell.verify_before}"
+                    continue
+                cell.pss_idle_kib = tree_pss_kib(r.proc.pid)
+                active.append(r)
+            for k in range(args.runs):
+                shift = k % len(active) if active else 0
+                for r in active[shift:] + active[:shift]:
+                    if r.failed:
+                        continue
+                    cell = r.cells[i]
+                    if k == 0:
+                        one_load(f"http://127.0.0.1:{r.port}{r.w.path}", r.w, cell, args.warmup)
+                    one_run(r, cell, args)
+                    if r.proc.poll() is not None:
+                        r.fail("server exited")
+            for r in active:
+                if not r.failed:
+                    check_cell(r, r.cells[i])
+        return out
     finally:
-        stop_server(proc)
+        for r in running:
+            if r.proc is not None:
+                stop_server(r.proc)
 
 
 def stream_first_byte(name: str, venv: Path, samples: int = 20) -> dict | None:
@@ -370,21 +659,24 @@ def measure_ws(name: str, conns: int, args, venv: Path) -> dict:
         cmd = ["taskset", "-c", CLIENT_CPU, str(ROOT / "target/release/loadgen"), "ws", url, str(conns)]
         subprocess.run([*cmd, "1"], capture_output=True, text=True)
         for _ in range(args.runs):
-            t0 = tree_cpu_ticks(proc.pid)
-            wall0 = time.monotonic()
-            p = subprocess.run([*cmd, str(args.duration)], capture_output=True, text=True)
+            busy0, before = machine_busy(), tree_cpu(proc.pid)
+            p = subprocess.run([*cmd, str(round(args.duration))], capture_output=True, text=True)
+            after = tree_cpu(proc.pid)
+            busy1 = machine_busy()
             try:
                 r = json.loads(p.stdout)
             except ValueError:
                 out["error"] = (p.stdout + p.stderr)[-300:]
                 return out
-            r["server_cpu_pct"] = 100.0 * (tree_cpu_ticks(proc.pid) - t0) / CLK / (time.monotonic() - wall0)
+            r.update(cpu_delta(before, after, r["messages"]))
+            r.update(other_load(busy0, busy1, r["server_cpu_pct"], 0.0))
             out["runs"].append(r)
         out["pss_kib"] = tree_pss_kib(proc.pid)
         mps = [r["mps"] for r in out["runs"]]
         out["mps_median"], out["mps_min"], out["mps_max"] = statistics.median(mps), min(mps), max(mps)
         out["p99_ms"] = statistics.median(r["p99_ms"] for r in out["runs"])
         out["errors"] = sum(r["errors"] for r in out["runs"])
+        out["cpu_us_per_msg"] = median_of(out["runs"], "cpu_us_per_req")
         if any(r["messages"] == 0 for r in out["runs"]):
             out["error"] = "no messages echoed"
         return out
@@ -451,10 +743,20 @@ def measure_idle(name: str, n: int, venv: Path) -> dict:
         stop_server(proc)
 
 
+def median_of(runs: list, key: str) -> float | None:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
 def summarize(cell: Cell) -> dict:
     d = {k: v for k, v in cell.__dict__.items() if k != "runs"}
     d["runs"] = cell.runs
     if cell.runs:
+        cpu = [r["cpu_us_per_req"] for r in cell.runs if r.get("cpu_us_per_req") is not None]
+        d["cpu_us_per_req"] = statistics.median(cpu) if cpu else None
+        d["cpu_us_per_req_min"] = min(cpu) if cpu else None
+        d["cpu_us_per_req_max"] = max(cpu) if cpu else None
+        d["server_saturated"] = any(r.get("server_saturated") for r in cell.runs)
         rps = [r["rps"] for r in cell.runs]
         d["rps_median"] = statistics.median(rps)
         d["rps_min"], d["rps_max"] = min(rps), max(rps)
@@ -466,6 +768,7 @@ def summarize(cell: Cell) -> dict:
         d["server_cpu_pct"] = statistics.median(r["server_cpu_pct"] for r in cell.runs)
         d["client_cpu_pct"] = statistics.median(r["client_cpu_pct"] for r in cell.runs)
         d["client_saturated"] = any(r["client_saturated"] for r in cell.runs)
+        d["other_cpu_pct"] = median_of(cell.runs, "other_cpu_pct")
     return d
 
 
@@ -505,52 +808,117 @@ def machine() -> dict:
     }
 
 
+def _us(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _col(c: dict) -> str:
+    if c.get("load") == "fixed":
+        return f"{c['workload']} @{c['offered_rps'] / 1000:g}k"
+    if c.get("load") == "h2":
+        return f"{c['workload']} c{c['connections']}×{c['streams']}"
+    return f"{c['workload']} c{c['connections']}"
+
+
+def _flags(c: dict) -> str:
+    return (" !" if c.get("client_saturated") else "") + (" *" if c.get("server_saturated") else "")
+
+
+def _cell_table(cells: list[dict], fixed: bool = False) -> list[str]:
+    head = "| server | workload | CPU µs/req (min–max) |"
+    head += " offered req/s | achieved req/s |" if fixed else " req/s (min–max) |"
+    head += " p50 ms | p99 ms | errors | non-2xx | server CPU % | client CPU % | other CPU % | PSS idle/load MiB |"
+    lines = [head, "|---|---|" + "---:|" * (head.count("|") - 3)]
+    ncols = head.count("|") - 1
+    for c in cells:
+        if c.get("error") and not c.get("runs"):
+            lines.append(f"| {c['server']} | {c['workload']} | {c['error']} |" + " |" * (ncols - 3))
+            continue
+        cpu = f"**{_us(c['cpu_us_per_req'])}** ({_us(c['cpu_us_per_req_min'])}–{_us(c['cpu_us_per_req_max'])})"
+        rate = f"{c['rps_median']:,.0f}{_flags(c)} ({c['rps_min']:,.0f}–{c['rps_max']:,.0f})"
+        if fixed:
+            rate = f"{c['offered_rps']:,.0f} | {rate}"
+        pss = f"{(c['pss_idle_kib'] or 0) / 1024:.1f} / {(c['pss_load_kib'] or 0) / 1024:.1f}"
+        err = f" ({c['error']})" if c.get("error") else ""
+        lines.append(
+            f"| {c['server']} | {c['workload']}{err} | {cpu} | {rate} | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} | "
+            f"{c['errors']} | {c['non2xx']} | {c['server_cpu_pct']:.0f} | {c['client_cpu_pct']:.0f} | "
+            f"{c.get('other_cpu_pct') or 0:.0f} | {pss} |"
+        )
+    return lines
+
+
 def markdown(report: dict) -> str:
+    a = report["args"]
     lines = [
         f"Skirr benchmark, {report['date']} — {report['machine']['cpu']} ({report['machine']['cores']} cores), "
         f"kernel {report['machine']['kernel']}, CPython {report['python']}, git {report['machine']['git_sha']}",
         "",
-        f"One worker pinned to CPU {SERVER_CPU}; `wrk -t1` pinned to CPU {CLIENT_CPU}; "
-        f"{report['args']['runs']} × {report['args']['duration']} s after a {report['args']['warmup']} s warm-up; "
-        "medians (min–max). PSS summed over the server's process tree. `!` marks a cell whose load "
-        "generator saturated its core (the server may be faster than shown).",
+        f"One worker pinned to CPU {SERVER_CPU}; the load generator (`wrk -t1` or `h2load -t1`) pinned to CPU "
+        f"{CLIENT_CPU}; {a['runs']} × {a['duration']} s after a {a['warmup']} s warm-up; medians (min–max). "
+        "**CPU µs/req**: on-CPU time of every thread of the server's process tree (sum of "
+        "`/proc/<pid>/task/*/schedstat`, ns) over each run, divided by the requests (or messages) completed "
+        "in it; lower is better. PSS summed over the server's process tree. `!` marks a cell whose load "
+        "generator saturated its core (the server may be faster than shown); `*` a fixed-load cell that "
+        "achieved < 97 % of the offered rate. **other CPU %**: machine busy time during the runs (/proc/stat, "
+        "in % of one core) not spent by the server or the load generator — other users' processes, kernel "
+        "threads.",
         "",
     ]
+    if report.get("note"):
+        lines += [f"Note: {report['note']}", ""]
     cells = report["cells"]
-    for conns in report["args"]["connections"]:
-        lines.append(f"### {conns} connections")
+    ok = [c for c in cells if c.get("runs")]
+    if ok:
+        cols = list(dict.fromkeys(_col(c) for c in ok))
+        servers = list(dict.fromkeys(c["server"] for c in cells))
+        by = {(c["server"], _col(c)): c for c in ok}
+        lines.append("### Server CPU per request (µs, median of the runs; lower is better)")
         lines.append("")
-        lines.append(
-            "| server | workload | req/s (min–max) | p50 ms | p99 ms | errors | non-2xx | server CPU % "
-            "| wrk CPU % | PSS idle/load MiB |"
-        )
-        lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for c in cells:
-            if c["connections"] != conns:
-                continue
-            if c.get("error") and not c.get("runs"):
-                lines.append(f"| {c['server']} | {c['workload']} | {c['error']} | | | | | | | |")
-                continue
-            flag = " !" if c.get("client_saturated") else ""
-            pss = f"{(c['pss_idle_kib'] or 0) / 1024:.1f} / {(c['pss_load_kib'] or 0) / 1024:.1f}"
-            lines.append(
-                f"| {c['server']} | {c['workload']} | {c['rps_median']:,.0f}{flag} "
-                f"({c['rps_min']:,.0f}–{c['rps_max']:,.0f}) | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} | "
-                f"{c['errors']} | {c['non2xx']} | {c['server_cpu_pct']:.0f} | {c['client_cpu_pct']:.0f} | {pss} |"
-            )
+        lines.append("| server | " + " | ".join(cols) + " |")
+        lines.append("|---|" + "---:|" * len(cols))
+        for srv in servers:
+            row = []
+            for col in cols:
+                c = by.get((srv, col))
+                row.append(f"{_us(c['cpu_us_per_req'])}{_flags(c)}" if c else "–")
+            lines.append(f"| {srv} | " + " | ".join(row) + " |")
         lines.append("")
+    for conns in a["connections"]:
+        sel = [c for c in cells if c.get("load", "wrk") == "wrk" and c["connections"] == conns]
+        if sel:
+            lines += [f"### HTTP/1.1, closed loop: `wrk -t1 -c{conns}`", "", *_cell_table(sel), ""]
+    sel = [c for c in cells if c.get("load") == "fixed"]
+    if sel:
+        lines += [
+            f"### HTTP/1.1, fixed offered load: `h2load --h1 -t1 -c{a['fixed_connections']} --rps=<rate / "
+            f"{a['fixed_connections']}>`",
+            "",
+            *_cell_table(sel, fixed=True),
+            "",
+        ]
+    sel = [c for c in cells if c.get("load") == "h2"]
+    if sel:
+        lines += [
+            f"### HTTP/2 over cleartext (prior knowledge): `h2load -t1 -c{a['h2_connections']} -m{a['h2_streams']}`",
+            "",
+            *_cell_table(sel),
+            "",
+        ]
     if report.get("ws_echo"):
         lines.append("### ws_echo (16-byte text messages, compiled client `bench/loadgen ws`)")
         lines.append("")
-        lines.append("| server | connections | msgs/s (min–max) | p99 ms | errors | server CPU % | PSS MiB |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|")
+        lines.append(
+            "| server | connections | CPU µs/msg | msgs/s (min–max) | p99 ms | errors | server CPU % | PSS MiB |"
+        )
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
         for c in report["ws_echo"]:
             if c.get("error"):
-                lines.append(f"| {c['server']} | {c['connections']} | {c['error']} | | | | |")
+                lines.append(f"| {c['server']} | {c['connections']} | {c['error']} | | | | | |")
                 continue
             cpu = statistics.median(r["server_cpu_pct"] for r in c["runs"])
             lines.append(
-                f"| {c['server']} | {c['connections']} | {c['mps_median']:,.0f} "
+                f"| {c['server']} | {c['connections']} | **{_us(c.get('cpu_us_per_msg'))}** | {c['mps_median']:,.0f} "
                 f"({c['mps_min']:,.0f}–{c['mps_max']:,.0f}) | {c['p99_ms']:.2f} | {c['errors']} | {cpu:.0f} | "
                 f"{c['pss_kib'] / 1024:.1f} |"
             )
@@ -584,8 +952,24 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--servers", default=DEFAULT_SERVERS)
-    p.add_argument("--workloads", default="raw_get,get_64k,post_4k,fastapi_json")
-    p.add_argument("--connections", default="64,256")
+    p.add_argument(
+        "--workloads",
+        default="raw_get,get_64k,post_4k,fastapi_json,h2_raw_get,h2_post_4k",
+        help="h1 workloads run under wrk at every --connections; h2_* ones under h2load (h2c prior knowledge)",
+    )
+    p.add_argument("--connections", default="64,256", help="wrk connection counts for the HTTP/1.1 workloads")
+    p.add_argument(
+        "--fixed",
+        default=None,
+        help="HTTP/1.1 workloads to also run at a fixed offered load (h2load --h1 --rps); default: raw_get,post_4k "
+        "if in --workloads; '' for none; a workload named here but not in --workloads runs at the fixed load only. "
+        f"Rates: {', '.join(f'{k} {v:,}' for k, v in FIXED_RATE.items())} req/s in total",
+    )
+    p.add_argument("--fixed-rate", type=int, default=0, help="total offered req/s for every --fixed workload")
+    p.add_argument("--fixed-connections", type=int, default=64)
+    p.add_argument("--h2-connections", type=int, default=64)
+    p.add_argument("--h2-streams", type=int, default=10, help="concurrent streams per HTTP/2 connection (h2load -m)")
+    p.add_argument("--note", default="", help="free text recorded in the artifacts (e.g. other load on the machine)")
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--runs", type=int, default=3)
@@ -601,7 +985,18 @@ def main(argv=None) -> int:
     for s in servers:
         if s not in SERVERS:
             p.error(f"unknown server {s!r}; known: {', '.join(SERVERS)}")
-    workloads = [WORKLOADS[w] for w in args.workloads.split(",") if w]
+    names = [w for w in args.workloads.split(",") if w]
+    if args.fixed is None:
+        args.fixed = ",".join(w for w in ("raw_get", "post_4k") if w in names)
+    for w in [*names, *args.fixed.split(",")]:
+        if w and w not in WORKLOADS:
+            p.error(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
+    fixed = {w: args.fixed_rate or FIXED_RATE.get(w, 25600) for w in args.fixed.split(",") if w}
+    for w in fixed:
+        if WORKLOADS[w].proto != "h1":
+            p.error(f"--fixed takes HTTP/1.1 workloads, not {w}")
+    # A --fixed workload not in --workloads runs at the fixed load only.
+    workloads = [WORKLOADS[w] for w in dict.fromkeys([*names, *fixed])]
     conns = [int(c) for c in args.connections.split(",")]
     py = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import platform; print(platform.python_version())"],
@@ -624,24 +1019,37 @@ def main(argv=None) -> int:
             "server_cpu": SERVER_CPU,
             "client_cpu": CLIENT_CPU,
             "idle": args.idle,
+            "fixed": fixed,
+            "fixed_connections": args.fixed_connections,
+            "h2_connections": args.h2_connections,
+            "h2_streams": args.h2_streams,
         },
+        "note": args.note,
+        "load_before": open("/proc/loadavg").read().split()[:3],
         "cells": [],
     }
-    for c in conns:
-        for w in workloads:
-            for s in servers:
-                cell = measure(s, w, c, args, venv)
-                d = summarize(cell)
-                report["cells"].append(d)
-                if d.get("runs"):
-                    print(
-                        f"{c:>4} {w.name:<13} {s:<15} {d['rps_median']:>10,.0f} req/s  p99 {d['p99_ms']:.2f} ms"
-                        f"  cpu {d['server_cpu_pct']:.0f}%  wrk {d['client_cpu_pct']:.0f}%"
-                        f"{'  SATURATED' if d['client_saturated'] else ''}",
-                        flush=True,
-                    )
-                else:
-                    print(f"{c:>4} {w.name:<13} {s:<15} {cell.error}", flush=True)
+    t_start = time.monotonic()
+    for w in workloads:
+        plan = lambda w=w: plan_loads(w, conns if w.name in names else [], fixed, args)  # noqa: E731
+        cells = measure_workload(w, servers, plan, args, venv)
+        for cell in sorted(cells, key=lambda c: (c.load != "wrk", c.connections)):
+            d = summarize(cell)
+            report["cells"].append(d)
+            tag = {"wrk": f"c{cell.connections}", "fixed": f"@{(cell.offered_rps or 0) / 1000:g}k"}.get(
+                cell.load, f"c{cell.connections}x{cell.streams}"
+            )
+            if d.get("runs"):
+                print(
+                    f"{tag:>7} {w.name:<13} {cell.server:<15} {_us(d['cpu_us_per_req']):>6} µs/req"
+                    f" {d['rps_median']:>10,.0f} req/s  p50 {d['p50_ms']:.2f} p99 {d['p99_ms']:.2f} ms"
+                    f"  cpu {d['server_cpu_pct']:.0f}%  client {d['client_cpu_pct']:.0f}%"
+                    f"{'  CLIENT-SATURATED' if d['client_saturated'] else ''}"
+                    f"{'  SERVER-SATURATED' if d.get('server_saturated') else ''}"
+                    f"{'  ' + cell.error if cell.error else ''}",
+                    flush=True,
+                )
+            else:
+                print(f"{tag:>7} {w.name:<13} {cell.server:<15} {cell.error}", flush=True)
     if args.stream:
         report["stream"] = {s: stream_first_byte(s, venv) for s in servers if s != "hyper"}
     if args.ws:
@@ -657,6 +1065,8 @@ def main(argv=None) -> int:
             r = measure_idle(s, args.idle, venv)
             report["idle"].append(r)
             print(f"idle {args.idle} {s:<15} {r.get('delta_mib', 0):.1f} MiB {r.get('error', '')}", flush=True)
+    report["seconds"] = round(time.monotonic() - t_start)
+    report["load_after"] = open("/proc/loadavg").read().split()[:3]
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else RESULTS / stamp

@@ -13,6 +13,8 @@ for p in "python$PY_VERSION" "$HOME/.pyenv/versions/$PY_VERSION"*/bin/python; do
 done
 [ -n "$py" ] || { echo "bench/setup.sh: CPython $PY_VERSION not found" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "bench/setup.sh: wrk not found (apt-get install wrk)" >&2; exit 1; }
+command -v h2load >/dev/null || { echo "bench/setup.sh: h2load not found (apt-get install nghttp2-client)" >&2; exit 1; }
+curl --version | grep -q HTTP2 || { echo "bench/setup.sh: curl without HTTP/2 (verifies the h2 cells)" >&2; exit 1; }
 [ -x bench/.venv/bin/python ] || "$py" -m venv bench/.venv
 bench/.venv/bin/pip install -q --upgrade pip
 bench/.venv/bin/pip install -q ".[gunicorn,uvloop]" fastapi
