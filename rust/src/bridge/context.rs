@@ -41,6 +41,12 @@ pub(crate) struct AppContext {
     pub(crate) http_template: Py<PyDict>,
     /// The same for WebSocket scopes.
     pub(crate) ws_template: Py<PyDict>,
+    /// `scope["extensions"]` of HTTP scopes before `tls`: each request
+    /// gets a shallow copy (one dict copy costs far less than building the
+    /// extensions' dicts anew).
+    pub(crate) http_extensions: Py<PyDict>,
+    /// The same for WebSocket scopes.
+    pub(crate) ws_extensions: Py<PyDict>,
     /// `scope["asgi"]` for lifespan scopes.
     pub(crate) asgi_lifespan: Py<PyDict>,
     /// The lifespan state namespace; each request gets a shallow copy.
@@ -102,6 +108,14 @@ impl AppContext {
         ws_template.del_item(n.method.bind(py))?;
         ws_template.set_item(n.subprotocols.bind(py), &none)?;
 
+        // ASGI path send and HTTP trailers extensions; WebSocket denial
+        // responses. Their values are empty dicts, shared by every scope.
+        let http_extensions = PyDict::new(py);
+        http_extensions.set_item("http.response.pathsend", PyDict::new(py))?;
+        http_extensions.set_item("http.response.trailers", PyDict::new(py))?;
+        let ws_extensions = PyDict::new(py);
+        ws_extensions.set_item("websocket.http.response", PyDict::new(py))?;
+
         let create_future = lp.getattr("create_future")?;
         let done = create_future.call0()?;
         done.call_method1("set_result", (py.None(),))?;
@@ -115,6 +129,8 @@ impl AppContext {
             factory_attr: lp.hasattr("_task_factory").unwrap_or(false),
             http_template: t.unbind(),
             ws_template: ws_template.unbind(),
+            http_extensions: http_extensions.unbind(),
+            ws_extensions: ws_extensions.unbind(),
             asgi_lifespan: asgi_lifespan.unbind(),
             state: PyDict::new(py).unbind(),
             root_path,

@@ -153,8 +153,12 @@ fn fill_common(
 /// connections: `client_cert_name` is the client certificate's subject
 /// (RFC 4514), `client_cert_error` is always `None` (rustls refuses a
 /// certificate that fails verification during the handshake).
-fn extensions<'py>(py: Python<'py>, conn: &ConnCtx) -> PyResult<Bound<'py, PyDict>> {
-    let ext = PyDict::new(py);
+fn extensions<'py>(
+    py: Python<'py>,
+    conn: &ConnCtx,
+    template: &Py<PyDict>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let ext = template.bind(py).copy()?;
     if let Some(t) = &conn.tls {
         let d = PyDict::new(py);
         d.set_item("server_cert", conn.shared.tls_server_cert.as_deref())?;
@@ -185,11 +189,7 @@ pub(crate) fn http_scope<'py>(
         &n.http
     };
     put(&scope, &n.scheme, scheme.bind(py))?;
-    let ext = extensions(py, &req.conn)?;
-    // ASGI path send extension: `http.response.pathsend` is served.
-    ext.set_item(pyo3::intern!(py, "http.response.pathsend"), PyDict::new(py))?;
-    // ASGI HTTP trailers extension.
-    ext.set_item(pyo3::intern!(py, "http.response.trailers"), PyDict::new(py))?;
+    let ext = extensions(py, &req.conn, &ctx.http_extensions)?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
@@ -216,8 +216,7 @@ pub(crate) fn websocket_scope<'py>(
         &n.subprotocols,
         &PyList::new(py, &req.subprotocols)?,
     )?;
-    let ext = extensions(py, &req.conn)?;
-    ext.set_item("websocket.http.response", PyDict::new(py))?;
+    let ext = extensions(py, &req.conn, &ctx.ws_extensions)?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
