@@ -27,20 +27,6 @@ FASTAPI = "examples.fastapi_app:app"
 H2C = ("--http-protocols", "h2,h1", "--http2-cleartext", "prior-knowledge")
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    paths = {"ca": str(d / "ca.pem"), "cert": str(d / "cert.pem"), "key": str(d / "key.pem")}
-    ca.cert_pem.write_to_path(paths["ca"])
-    cert.cert_chain_pems[0].write_to_path(paths["cert"])
-    for blob in cert.cert_chain_pems[1:]:
-        blob.write_to_path(paths["cert"], append=True)
-    cert.private_key_pem.write_to_path(paths["key"])
-    return paths
-
-
 def tls_socket(port: int, ca: str, alpn=("h2",)) -> ssl.SSLSocket:
     ctx = ssl.create_default_context(cafile=ca)
     ctx.set_alpn_protocols(list(alpn))
