@@ -30,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::http::activity::{clock_ms, deadline_at, Activity, Timeouts, Verdict};
+use crate::http::interim::InterimSlot;
 use crate::http::io::{ConnIo, Readiness};
 use crate::http::service;
 use crate::server::connections::{Member, Order};
@@ -103,6 +104,8 @@ pub(crate) struct ConnCtx {
     /// hyper's read, parked on a hidden end of stream (see
     /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
     pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
+    /// Interim (1xx) responses on their way past hyper (HTTP/1.1).
+    pub(crate) interim: InterimSlot,
 }
 
 impl ConnCtx {
@@ -132,6 +135,7 @@ impl ConnCtx {
             upgrade: Mutex::new(None),
             tls: self.tls.clone(),
             eof_waker: Mutex::new(None),
+            interim: InterimSlot::default(),
         }
     }
 }
@@ -273,6 +277,7 @@ pub(crate) async fn serve<I>(
         upgrade: Mutex::new(None),
         tls,
         eof_waker: Mutex::new(None),
+        interim: InterimSlot::default(),
     });
     let mut io = ConnIo {
         inner: io,

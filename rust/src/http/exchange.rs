@@ -65,6 +65,12 @@ impl ResponseHead {
     }
 }
 
+/// What the service waits for: interim responses come before the head.
+pub(crate) enum Awaited {
+    Interim(Vec<(StatusCode, HeaderMap)>),
+    Head(ResponseHead),
+}
+
 /// A streamed response ended badly: the connection must be closed rather
 /// than the response terminated as if complete.
 #[derive(Debug)]
@@ -89,6 +95,9 @@ pub(crate) struct ExchState {
     /// The trailer section, written after the last chunk.
     pub(crate) out_trailers: Option<HeaderMap>,
     pub(crate) out_abort: bool,
+    /// Interim (1xx) responses, each written before the head
+    /// (`http.response.early_hint`, `http.response.informational`).
+    pub(crate) interim: Vec<(StatusCode, HeaderMap)>,
     /// When the app was called (`server_timing`).
     pub(crate) app_started: Option<std::time::Instant>,
     /// The Tokio task waiting for the head, a chunk, or room to read body.
@@ -184,13 +193,17 @@ impl Exchange {
     // ------------------------------------------------------------ Tokio side
 
     /// Waits for the response head (the app's, or the server's own answer
-    /// once the request was [rejected](Self::reject)).
+    /// once the request was [rejected](Self::reject)); interim responses
+    /// the app sent before it come first.
     pub(crate) fn poll_head(
         self: &Arc<Self>,
         cx: &mut Context<'_>,
         shared: &Shared,
-    ) -> Poll<ResponseHead> {
+    ) -> Poll<Awaited> {
         let mut st = self.st.lock();
+        if !st.interim.is_empty() {
+            return Poll::Ready(Awaited::Interim(std::mem::take(&mut st.interim)));
+        }
         if let Some(head) = st.head.take() {
             st.wire_status = head.status.as_u16();
             match &head.body {
@@ -198,7 +211,7 @@ impl Exchange {
                 BodyOut::File { len, .. } => st.wire_bytes = *len,
                 BodyOut::Stream => {}
             }
-            return Poll::Ready(head);
+            return Poll::Ready(Awaited::Head(head));
         }
         if let Some((status, reason)) = st.rejected {
             st.wire_status = status.as_u16();
@@ -208,7 +221,7 @@ impl Exchange {
                 drop(st);
                 self.needs_python(shared);
             }
-            return Poll::Ready(ResponseHead::plain(status, reason));
+            return Poll::Ready(Awaited::Head(ResponseHead::plain(status, reason)));
         }
         register(&mut st.tokio_waker, cx);
         Poll::Pending
@@ -372,6 +385,25 @@ impl Exchange {
         let mut st = self.st.lock();
         st.head = Some(head);
         wake_tokio(&mut st, shared);
+    }
+
+    /// Queues an interim response for the wire, before the head. Returns
+    /// false, queueing nothing, when [`MAX_QUEUED`] already wait.
+    ///
+    /// [`MAX_QUEUED`]: crate::http::interim::MAX_QUEUED
+    pub(crate) fn push_interim(
+        &self,
+        status: StatusCode,
+        headers: HeaderMap,
+        shared: &Shared,
+    ) -> bool {
+        let mut st = self.st.lock();
+        if st.interim.len() >= crate::http::interim::MAX_QUEUED {
+            return false;
+        }
+        st.interim.push((status, headers));
+        wake_tokio(&mut st, shared);
+        true
     }
 
     /// Queues a response chunk (`end` marks the last one). Returns whether

@@ -152,12 +152,26 @@ impl<I> ConnIo<I> {
     }
 }
 
+impl<I: AsyncWrite + Unpin> ConnIo<I> {
+    /// An interim response partly on the wire is finished before any of
+    /// hyper's bytes follow it.
+    fn finish_interim(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.conn.interim.started() {
+            return Poll::Ready(Ok(()));
+        }
+        let res = self.conn.interim.poll_write_to(&mut self.inner, cx);
+        self.note_write(&res);
+        res
+    }
+}
+
 impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.finish_interim(cx))?;
         let res = Pin::new(&mut self.inner).poll_write(cx, buf);
         self.note_write(&res);
         res
@@ -168,6 +182,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.finish_interim(cx))?;
         let res = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.note_write(&res);
         res
@@ -178,6 +193,15 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // hyper flushes its transport only once its own buffer is empty:
+        // the one point where an interim response cannot split one of its
+        // messages (see `interim`).
+        let this = &mut *self;
+        if this.conn.interim.is_pending() {
+            let res = this.conn.interim.poll_write_to(&mut this.inner, cx);
+            this.note_write(&res);
+            std::task::ready!(res)?;
+        }
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 

@@ -34,6 +34,13 @@ pub(crate) enum HttpSend {
     PathSend {
         path: String,
     },
+    /// An interim (1xx) response before the final one:
+    /// `http.response.early_hint` (ASGI early hints extension, a `103` with
+    /// one `Link` field per entry of `links`) or Gunicorn's
+    /// `http.response.informational` (`status` 102..=199 but 101, `headers`).
+    /// `None`: nothing to send (no links; a `100`, which Skirr sends itself
+    /// when the app first calls `receive()`).
+    Interim(Option<(StatusCode, HeaderMap)>),
     /// `http.response.trailers` (ASGI HTTP trailers extension).
     Trailers {
         headers: HeaderMap,
@@ -276,6 +283,83 @@ pub(crate) fn parse_status(status: Option<Bound<'_, PyAny>>, what: &str) -> PyRe
         })
 }
 
+/// `http.response.early_hint`: `links`, an iterable of `Link` field values
+/// as bytes (RFC 8288), becomes a `103 Early Hints` (RFC 8297).
+fn early_hint(d: &Bound<'_, PyDict>) -> PyResult<Option<(StatusCode, HeaderMap)>> {
+    const WHAT: &str = "http.response.early_hint";
+    let links = d
+        .get_item("links")?
+        .ok_or_else(|| PyTypeError::new_err(format!("{WHAT} requires 'links'")))?;
+    if links.is_instance_of::<PyBytes>() || links.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(format!(
+            "{WHAT} 'links' must be an iterable of bytes, got {}",
+            type_name(&links)
+        )));
+    }
+    let mut headers = HeaderMap::new();
+    let iter = links.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{WHAT} 'links' must be an iterable of bytes, got {}",
+            type_name(&links)
+        ))
+    })?;
+    for link in iter {
+        let link = link?;
+        let Ok(raw) = link.cast::<PyBytes>() else {
+            return Err(PyTypeError::new_err(format!(
+                "{WHAT} 'links' entries must be bytes, got {}",
+                type_name(&link)
+            )));
+        };
+        let value = HeaderValue::from_bytes(raw.as_bytes()).map_err(|_| {
+            PyRuntimeError::new_err(format!(
+                "{WHAT} has an invalid link {:?}: a field value cannot hold CR, LF or NUL",
+                String::from_utf8_lossy(raw.as_bytes())
+            ))
+        })?;
+        headers.append(http::header::LINK, value);
+    }
+    Ok((!headers.is_empty()).then_some((StatusCode::EARLY_HINTS, headers)))
+}
+
+/// Gunicorn's `http.response.informational`: `status` (100..=199, not 101)
+/// and `headers`, sent as they are.
+fn informational(d: &Bound<'_, PyDict>) -> PyResult<Option<(StatusCode, HeaderMap)>> {
+    const WHAT: &str = "http.response.informational";
+    let py = d.py();
+    let n = names(py);
+    let status = d
+        .get_item(n.status.bind(py))?
+        .ok_or_else(|| PyTypeError::new_err(format!("{WHAT} requires 'status'")))?;
+    if status.is_instance_of::<pyo3::types::PyBool>()
+        || !status.is_instance_of::<pyo3::types::PyInt>()
+    {
+        return Err(PyTypeError::new_err(format!(
+            "{WHAT} 'status' must be an int, got {}",
+            type_name(&status)
+        )));
+    }
+    let code: i64 = status.extract().unwrap_or(i64::MAX);
+    let status = u16::try_from(code)
+        .ok()
+        .filter(|c| (100..=199).contains(c) && *c != 101)
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or_else(|| {
+            PyRuntimeError::new_err(format!(
+                "{WHAT} 'status' must be an informational status in 100..=199 other than \
+                 101 (RFC 9110 §15.2), got {code}"
+            ))
+        })?;
+    let mut headers = match d.get_item(n.headers.bind(py))? {
+        Some(h) => parse_headers(&h, WHAT)?,
+        None => HeaderMap::new(),
+    };
+    // A 1xx has no content and frames nothing (RFC 9110 §8.6, RFC 9112 §6.1).
+    headers.remove(http::header::CONTENT_LENGTH);
+    headers.remove(TRANSFER_ENCODING);
+    Ok((status != StatusCode::CONTINUE).then_some((status, headers)))
+}
+
 /// Parses an HTTP `send()` message.
 ///
 /// Errors: `TypeError`/`RuntimeError` naming the offending field, or
@@ -326,6 +410,12 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
             trailers,
         });
     }
+    if kind == "http.response.early_hint" {
+        return early_hint(&d).map(HttpSend::Interim);
+    }
+    if kind == "http.response.informational" {
+        return informational(&d).map(HttpSend::Interim);
+    }
     if kind == "http.response.trailers" {
         const WHAT: &str = "http.response.trailers";
         let headers = match d.get_item(n.headers.bind(py))? {
@@ -350,7 +440,8 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
     Err(PyRuntimeError::new_err(format!(
         "unexpected ASGI message type {:?} on an HTTP connection \
          (expected 'http.response.start', 'http.response.body', \
-         'http.response.pathsend' or 'http.response.trailers')",
+         'http.response.pathsend', 'http.response.trailers', \
+         'http.response.early_hint' or 'http.response.informational')",
         t.to_string_lossy()
     )))
 }

@@ -17,6 +17,7 @@ pub(crate) mod compress;
 pub(crate) mod conn;
 pub(crate) mod exchange;
 pub(crate) mod h2conn;
+pub(crate) mod interim;
 pub(crate) mod io;
 pub(crate) mod message;
 pub(crate) mod protocol;

@@ -427,6 +427,35 @@ impl HttpProtocol {
         self.ctx.done(py)
     }
 
+    /// `http.response.early_hint` / `http.response.informational`: queued
+    /// for the wire ahead of the head (HTTP/1.1 only; elsewhere the Tokio
+    /// side drops it, as RFC 8297 §2 lets an intermediary do).
+    fn interim<'py>(
+        &self,
+        py: Python<'py>,
+        st: &mut ProtoState,
+        interim: Option<(StatusCode, HeaderMap)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if st.phase != Phase::Initial {
+            return Err(PyRuntimeError::new_err(
+                "an interim (1xx) response after http.response.start: it must come before \
+                 the final response (RFC 9110 §15.2)",
+            ));
+        }
+        if self.exch.lock().gone {
+            return Err(self.client_gone(py, st));
+        }
+        if let Some((status, headers)) = interim {
+            if !self.exch.push_interim(status, headers, &self.ctx.shared) {
+                return Err(PyRuntimeError::new_err(format!(
+                    "more than {} interim responses are waiting for the client to read them",
+                    crate::http::interim::MAX_QUEUED
+                )));
+            }
+        }
+        self.ctx.done(py)
+    }
+
     /// `http.response.trailers` (ASGI HTTP trailers extension): gathered
     /// until `more_trailers` is false, then written after the body — a
     /// final HEADERS frame on HTTP/2, the chunked trailer section on
@@ -730,6 +759,7 @@ impl HttpProtocol {
                 self.ctx.done(py)
             }
             HttpSend::PathSend { path } => self.path_send(py, &mut st, &path),
+            HttpSend::Interim(interim) => self.interim(py, &mut st, interim),
             HttpSend::Trailers {
                 headers,
                 more_trailers,

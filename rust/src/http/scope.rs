@@ -189,7 +189,12 @@ pub(crate) fn http_scope<'py>(
         &n.http
     };
     put(&scope, &n.scheme, scheme.bind(py))?;
-    let ext = extensions(py, &req.conn, &ctx.http_extensions)?;
+    let template = if req.parts.version == http::Version::HTTP_11 {
+        &ctx.http11_extensions
+    } else {
+        &ctx.http_extensions
+    };
+    let ext = extensions(py, &req.conn, template)?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }

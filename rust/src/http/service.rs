@@ -24,7 +24,8 @@ use crate::http::activity::Expired;
 use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::compress;
 use crate::http::conn::{BusyGuard, ConnCtx};
-use crate::http::exchange::{BodyOut, Exchange};
+use crate::http::exchange::{Awaited, BodyOut, Exchange};
+use crate::http::interim;
 use crate::server::Shared;
 use crate::wire::request::check_head;
 
@@ -388,6 +389,7 @@ pub(crate) async fn handle(
         }
     };
 
+    let interim_ok = parts.version == http::Version::HTTP_11;
     let mut guard = GoneGuard {
         exch: &exch,
         shared,
@@ -405,16 +407,29 @@ pub(crate) async fn handle(
             exch.client_eof(shared);
         }
         pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
-        match exch.poll_head(cx, &conn.shared) {
-            Poll::Pending if conn.activity.peer_eof() && exch.is_gone() => {
-                // Told of the end of stream, the app gave up without an
-                // answer (Quart's disconnect listener cancels the handler):
-                // nothing will be written; the driver closes the connection.
-                conn.activity.abandon();
-                cx.waker().wake_by_ref();
-                Poll::Pending
+        loop {
+            // Interim responses already queued reach the wire first.
+            std::task::ready!(conn.interim.poll_free(cx));
+            match exch.poll_head(cx, &conn.shared) {
+                Poll::Ready(Awaited::Head(head)) => return Poll::Ready(head),
+                Poll::Ready(Awaited::Interim(list)) => {
+                    // Only HTTP/1.1 has them (an HTTP/1.0 client does not
+                    // expect a 1xx, RFC 9110 §15.2; see `interim` for HTTP/2).
+                    if interim_ok {
+                        conn.interim.load(interim::encode_h1(&list));
+                    }
+                }
+                Poll::Pending if conn.activity.peer_eof() && exch.is_gone() => {
+                    // Told of the end of stream, the app gave up without an
+                    // answer (Quart's disconnect listener cancels the
+                    // handler): nothing will be written; the driver closes
+                    // the connection.
+                    conn.activity.abandon();
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Poll::Pending => return Poll::Pending,
             }
-            other => other,
         }
     })
     .await;

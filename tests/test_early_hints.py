@@ -1,0 +1,156 @@
+"""Interim responses (issue 11): ``http.response.early_hint`` (ASGI early
+hints extension, RFC 8297) and Gunicorn's ``http.response.informational``,
+as raw HTTP/1.1 bytes — including behind a pipelined response hyper still
+buffers — and dropped on HTTP/1.0 and HTTP/2. The browser test is in
+test_early_hints_browser.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from harness import RawConn, gunicorn, request, skirr
+
+pytestmark = pytest.mark.timeout(60)
+
+APP = "apps.early_hints_app:app"
+HINTS = (
+    b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload; as=style\r\n\r\n"
+    b"HTTP/1.1 103 Early Hints\r\nlink: </app.js>; rel=preload; as=script\r\n\r\n"
+)
+
+
+def get(port: int, path: str) -> bytes:
+    with RawConn(port) as c:
+        c.send(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        return c.read_to_eof()
+
+
+def app_json(port: int, path: str):
+    return json.loads(request(port, "GET", path).body)
+
+
+def test_advertised_on_http11_only():
+    from test_http2 import H2C, RawH2
+
+    with skirr(APP, *H2C) as s:
+        assert "http.response.early_hint" in app_json(s.port, "/extensions")
+        with RawConn(s.port) as c:
+            c.send(b"GET /extensions HTTP/1.0\r\n\r\n")
+            assert "http.response.early_hint" not in json.loads(c.read_response().body)
+        c = RawH2(s.port)
+        _, body = c.response(c.request("/extensions"))
+        assert "http.response.early_hint" not in json.loads(body)
+        c.close()
+
+
+def test_hints_come_first_exact_bytes():
+    with skirr(APP) as s:
+        data = get(s.port, "/hint")
+        assert data.startswith(HINTS + b"HTTP/1.1 200 OK\r\n"), data[:400]
+        assert data.endswith(b"\r\n\r\nfinal")
+
+
+def test_hints_reach_the_client_while_the_app_still_works():
+    with skirr(APP) as s, RawConn(s.port) as c:
+        c.send(b"GET /hint?hold=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert c.read_exact(len(HINTS)) == HINTS
+        assert not c.is_closed(timeout=0.3) and c.buf == b"", "only the hints before the release"
+        assert request(s.port, "GET", "/release").status == 200
+        r = c.read_response()
+        assert (r.status, r.body) == (200, b"final")
+        # The connection goes on: a second request, hints again.
+        c.send(b"GET /hint HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert c.read_exact(len(HINTS)) == HINTS
+        assert c.read_response().body == b"final"
+
+
+def test_hints_follow_a_pipelined_response_whole():
+    """4 MiB in one body (hyper queues it whole) to a chunked POST the app
+    does not read, the next request pipelined behind it while the client
+    reads nothing: that request's hints come after the last byte of the
+    first response, not inside it. (hyper itself reads the next request
+    only once its buffer is flushed; Skirr writes a 1xx only from a flush
+    of an empty hyper buffer, so it holds either way.)"""
+    with skirr(APP) as s, RawConn(s.port) as c:
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        c.send(
+            b"POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+            b"GET /hint HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        first = c.read_response()
+        assert first.status == 200 and first.body == b"x" * (4 << 20)
+        rest = c.read_to_eof()
+        assert rest.startswith(HINTS + b"HTTP/1.1 200 OK\r\n"), rest[:400]
+        assert rest.endswith(b"final")
+
+
+def test_not_to_http10_clients():
+    with skirr(APP) as s, RawConn(s.port) as c:
+        c.send(b"GET /hint HTTP/1.0\r\n\r\n")
+        data = c.read_to_eof()
+        assert data.startswith(b"HTTP/1.0 200 OK\r\n") and b" 103 " not in data
+
+
+def test_gunicorn_informational_message():
+    with skirr(APP) as s:
+        data = get(s.port, "/info")
+        assert data.startswith(
+            b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
+            b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 200 OK\r\n"
+        ), data[:300]
+        assert data.endswith(b"done")
+
+
+@pytest.mark.parametrize(
+    "mode, error",
+    [
+        (
+            "late",
+            "RuntimeError: an interim (1xx) response after http.response.start: "
+            "it must come before the final response (RFC 9110 §15.2)",
+        ),
+        ("notbytes", "TypeError: http.response.early_hint 'links' entries must be bytes, got str"),
+        ("str", "TypeError: http.response.early_hint 'links' must be an iterable of bytes, got bytes"),
+        ("nolinks", "TypeError: http.response.early_hint requires 'links'"),
+        (
+            "crlf",
+            "RuntimeError: http.response.early_hint has an invalid link "
+            "\"</x>\\r\\nset-cookie: a=b\": a field value cannot hold CR, LF or NUL",
+        ),
+        (
+            "status101",
+            "RuntimeError: http.response.informational 'status' must be an informational status in "
+            "100..=199 other than 101 (RFC 9110 §15.2), got 101",
+        ),
+        (
+            "status200",
+            "RuntimeError: http.response.informational 'status' must be an informational status in "
+            "100..=199 other than 101 (RFC 9110 §15.2), got 200",
+        ),
+    ],
+)
+def test_invalid_messages_raise_and_nothing_reaches_the_wire(mode, error):
+    with skirr(APP) as s:
+        data = get(s.port, f"/bad?mode={mode}")
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n") and data.endswith(b"after"), data[:300]
+        assert app_json(s.port, "/errors") == [error]
+
+
+def test_dropped_on_http2():
+    from test_http2 import H2C, RawH2, h2events
+
+    with skirr(APP, *H2C) as s:
+        c = RawH2(s.port)
+        sid = c.request("/hint")
+        h, body = c.response(sid)
+        assert (h[":status"], body) == (["200"], b"final")
+        assert not [e for e in c.events if isinstance(e, h2events.InformationalResponseReceived)]
+        c.close()
+
+
+def test_under_gunicorn():
+    with gunicorn(APP, "-w", "1") as g:
+        data = get(g.port, "/hint")
+        assert data.startswith(HINTS + b"HTTP/1.1 200 OK\r\n"), data[:400]
