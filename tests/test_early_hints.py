@@ -86,6 +86,16 @@ def test_hints_follow_a_pipelined_response_whole():
         assert rest.endswith(b"final")
 
 
+def test_hint_and_100_continue_both_precede_the_response():
+    with skirr(APP) as s, RawConn(s.port) as c:
+        c.send(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        heads = [c.read_head().status, c.read_head().status]
+        assert sorted(heads) == [100, 103], heads
+        c.send(b"hello")
+        r = c.read_response()
+        assert (r.status, r.body) == (200, b"got 5")
+
+
 def test_not_to_http10_clients():
     with skirr(APP) as s, RawConn(s.port) as c:
         c.send(b"GET /hint HTTP/1.0\r\n\r\n")

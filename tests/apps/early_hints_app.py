@@ -8,6 +8,7 @@ extension) and Gunicorn's ``http.response.informational``.
                   uses it: ``/state`` tells whether the preload came first.
 ``/info``         Gunicorn-style informational messages: a 100 (dropped: Skirr
                   sends its own), a 103 and a 102 (its Content-Length dropped).
+``/upload``       a hint, then reads the body (``Expect: 100-continue``).
 ``/big``          4 MiB in one body (for pipelining behind a hint).
 ``/bad?mode=``    invalid messages; ``/errors`` lists what send() raised.
 ``/extensions``   the scope's extension names.
@@ -63,6 +64,15 @@ async def app(scope, receive, send):
             await asyncio.wait_for(release.wait(), 10)
             release.clear()
         return await text(send, b"final")
+    if path == "/upload":
+        await send({"type": "http.response.early_hint", "links": LINKS[:1]})
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        return await text(send, b"got %d" % len(body))
     if path == "/info":
         await send({"type": "http.response.informational", "status": 100, "headers": []})
         await send(
