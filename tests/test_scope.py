@@ -49,7 +49,11 @@ def test_full_scope_for_a_tricky_request(server):
     assert scope["client"] == [client_host, client_port]
     assert scope["server"] == ["127.0.0.1", server.port]
     assert scope["state_is_dict"] is True
-    assert scope["extensions"] == {"http.response.pathsend": {}, "http.response.trailers": {}}
+    assert scope["extensions"] == {
+        "http.response.pathsend": {},
+        "http.response.zerocopysend": {},
+        "http.response.trailers": {},
+    }
     headers = [(k["bytes"], v["bytes"]) for k, v in scope["headers"]]
     assert ("host", "example.test") in headers
     assert ("x-upper-case", "Value With Spaces") in headers
