@@ -52,6 +52,7 @@ def test_full_scope_for_a_tricky_request(server):
     assert scope["extensions"] == {
         "http.response.early_hint": {},
         "http.response.pathsend": {},
+        "http.response.zerocopysend": {},
         "http.response.trailers": {},
     }
     headers = [(k["bytes"], v["bytes"]) for k, v in scope["headers"]]

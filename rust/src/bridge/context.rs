@@ -110,10 +110,12 @@ impl AppContext {
         ws_template.del_item(n.method.bind(py))?;
         ws_template.set_item(n.subprotocols.bind(py), &none)?;
 
-        // ASGI path send and HTTP trailers extensions; WebSocket denial
-        // responses. Their values are empty dicts, shared by every scope.
+        // ASGI path send, zero copy send and HTTP trailers extensions;
+        // WebSocket denial responses. Their values are empty dicts, shared
+        // by every scope.
         let http_extensions = PyDict::new(py);
         http_extensions.set_item("http.response.pathsend", PyDict::new(py))?;
+        http_extensions.set_item("http.response.zerocopysend", PyDict::new(py))?;
         http_extensions.set_item("http.response.trailers", PyDict::new(py))?;
         // Early hints (`http.response.early_hint`) reach HTTP/1.1 clients
         // only (see `http::interim`).

@@ -12,8 +12,12 @@ use hyper::body::Incoming;
 
 use crate::http::compress::Encoder;
 use crate::http::conn::{BusyGuard, ConnCtx};
-use crate::http::exchange::{Aborted, Exchange};
+use crate::http::exchange::{Aborted, Exchange, Out};
 use crate::http::service::{check_deadlines, pump_body};
+use crate::http::zerocopy::FileRead;
+
+/// What polling a body yields.
+type FramePoll = Poll<Option<Result<Frame<Bytes>, Aborted>>>;
 
 /// A streamed response body: chunks come from the app through the exchange.
 /// While it is being written, the request body keeps being read for the app
@@ -24,9 +28,12 @@ pub(crate) struct StreamBody {
     conn: Arc<ConnCtx>,
     expect_continue: bool,
     finished: bool,
-    /// The app failed: report the error on the next poll, after hyper has
-    /// flushed what it already buffered.
+    /// The app failed (or a file region could not be read): report the
+    /// error on the next poll, after hyper has flushed what it already
+    /// buffered.
     failing: bool,
+    /// The `http.response.zerocopysend` region being read, if any.
+    reading: Option<FileRead>,
 }
 
 impl StreamBody {
@@ -43,14 +50,56 @@ impl StreamBody {
             expect_continue,
             finished: false,
             failing: false,
+            reading: None,
+        }
+    }
+
+    /// Ends the body with an error. hyper drops its write buffer when a
+    /// body fails: the first call yields once so the head and the chunks
+    /// sent so far reach the client, the next fails (no terminating chunk:
+    /// the response must not look complete).
+    fn fail(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
+        if !self.failing {
+            self.failing = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.finished = true;
+        Poll::Ready(Some(Err(Aborted)))
+    }
+
+    /// The next frame of the file region being read, if there is one.
+    fn poll_file(&mut self, cx: &mut Context<'_>) -> Option<FramePoll> {
+        let shared = &self.conn.shared;
+        let read = self.reading.as_mut()?;
+        match read.poll(cx) {
+            Poll::Pending => Some(Poll::Pending),
+            Poll::Ready(Some(Ok(data))) => {
+                self.exch.consumed(data.len(), true, shared);
+                Some(Poll::Ready(Some(Ok(Frame::data(data)))))
+            }
+            Poll::Ready(None) => {
+                self.reading = None;
+                None
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // The body cannot be completed: the app learns it as a
+                // disconnect, the client from a closed connection.
+                self.reading = None;
+                self.exch.consumed(e.unread, false, shared);
+                self.exch.mark_gone(shared);
+                Some(self.fail(cx))
+            }
         }
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
-        let shared = &*self.conn.shared;
+        if self.failing {
+            return self.fail(cx);
+        }
         check_deadlines(&self.conn, &self.exch);
         if self.conn.activity.peer_eof() {
-            self.exch.client_eof(shared);
+            self.exch.client_eof(&self.conn.shared);
         }
         pump_body(
             cx,
@@ -59,31 +108,30 @@ impl StreamBody {
             &self.conn,
             self.expect_continue,
         );
-        match self.exch.poll_chunk(cx, shared) {
-            Poll::Ready(Some(Ok(chunk))) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
-            Poll::Ready(Some(Err(e))) => {
-                if !self.failing {
-                    // hyper drops its write buffer when a body fails; yield
-                    // once so the head and the chunks sent so far reach the
-                    // client, then fail (no terminating chunk: the response
-                    // must not look complete).
-                    self.failing = true;
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                self.finished = true;
-                Poll::Ready(Some(Err(e)))
+        loop {
+            if let Some(p) = self.poll_file(cx) {
+                return p;
             }
-            Poll::Ready(None) => {
-                if let Some(t) = self.exch.take_trailers() {
-                    // hyper writes them as the chunked trailer section
-                    // (HTTP/1.1) or a final HEADERS frame (HTTP/2).
-                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
+            return match self.exch.poll_chunk(cx, &self.conn.shared) {
+                Poll::Ready(Some(Ok(Out::File(seg)))) => {
+                    self.reading = Some(FileRead::new(seg));
+                    continue;
                 }
-                self.finished = true;
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(Ok(Out::Data(chunk)))) => {
+                    Poll::Ready(Some(Ok(Frame::data(chunk))))
+                }
+                Poll::Ready(Some(Err(Aborted))) => self.fail(cx),
+                Poll::Ready(None) => {
+                    if let Some(t) = self.exch.take_trailers() {
+                        // hyper writes them as the chunked trailer section
+                        // (HTTP/1.1) or a final HEADERS frame (HTTP/2).
+                        return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                    }
+                    self.finished = true;
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            };
         }
     }
 }

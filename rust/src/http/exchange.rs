@@ -10,7 +10,9 @@
 //!   `body_bytes >= body_buffer` (backpressure to the client);
 //! * response body: `send()` queues its chunk and then waits while
 //!   `out_bytes >= send_buffer` (backpressure to the app), so at most one
-//!   chunk beyond the limit is ever held.
+//!   chunk beyond the limit is ever held. A file region
+//!   (`http.response.zerocopysend`) counts its unread bytes, so the queue
+//!   holds at most one region's descriptor beyond the limit.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +29,38 @@ use pyo3::types::PyDict;
 use crate::bridge::waiter::Waiter;
 
 use crate::bridge::queue::Event;
+use crate::http::zerocopy::FileSegment;
 use crate::server::Shared;
+
+/// One queued piece of a streamed response body.
+pub(crate) enum Out {
+    /// Bytes from `http.response.body`.
+    Data(Bytes),
+    /// A file region from `http.response.zerocopysend`, read by the Tokio
+    /// side; its bytes count in `out_bytes` until they are read.
+    File(FileSegment),
+}
+
+impl Out {
+    /// Body bytes this piece carries.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Out::Data(b) => b.len(),
+            Out::File(f) => f.len(),
+        }
+    }
+
+    /// Whether it carries no body bytes.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Bytes> for Out {
+    fn from(b: Bytes) -> Self {
+        Out::Data(b)
+    }
+}
 
 /// How the response body travels.
 pub(crate) enum BodyOut {
@@ -89,7 +122,9 @@ impl std::error::Error for Aborted {}
 pub(crate) struct ExchState {
     // ---- response: Python → Tokio
     pub(crate) head: Option<ResponseHead>,
-    pub(crate) out: VecDeque<Bytes>,
+    pub(crate) out: VecDeque<Out>,
+    /// Body bytes queued and not yet handed to hyper (including the unread
+    /// rest of a file region being read).
     pub(crate) out_bytes: usize,
     pub(crate) out_end: bool,
     /// The trailer section, written after the last chunk.
@@ -227,21 +262,21 @@ impl Exchange {
         Poll::Pending
     }
 
-    /// Next response chunk: `Some(Ok)` data, `None` the end, `Some(Err)`
-    /// when the app failed mid-stream.
+    /// Next response piece: `Some(Ok)` data or a file region (whose bytes
+    /// are [`consumed`](Self::consumed) as they are read), `None` the end,
+    /// `Some(Err)` when the app failed mid-stream.
     pub(crate) fn poll_chunk(
         self: &Arc<Self>,
         cx: &mut Context<'_>,
         shared: &Shared,
-    ) -> Poll<Option<Result<Bytes, Aborted>>> {
+    ) -> Poll<Option<Result<Out, Aborted>>> {
         let mut st = self.st.lock();
         if let Some(chunk) = st.out.pop_front() {
-            let was_full = st.out_bytes >= shared.config.send_buffer;
-            st.out_bytes -= chunk.len();
-            st.wire_bytes += chunk.len() as u64;
-            if was_full && st.out_bytes < shared.config.send_buffer && !st.send_waiters.is_empty() {
-                drop(st);
-                self.needs_python(shared);
+            if let Out::Data(b) = &chunk {
+                if take_out(&mut st, b.len(), true, shared) {
+                    drop(st);
+                    self.needs_python(shared);
+                }
             }
             return Poll::Ready(Some(Ok(chunk)));
         }
@@ -257,12 +292,23 @@ impl Exchange {
         Poll::Pending
     }
 
+    /// `n` queued body bytes left the queue: handed to hyper (`wired`), or
+    /// dropped (a file region that could not be read). Wakes `send()`
+    /// callers waiting for room.
+    pub(crate) fn consumed(self: &Arc<Self>, n: usize, wired: bool, shared: &Shared) {
+        let mut st = self.st.lock();
+        if take_out(&mut st, n, wired, shared) {
+            drop(st);
+            self.needs_python(shared);
+        }
+    }
+
     /// Every byte of the response was handed to hyper: a body hyper drops
     /// now (it stops polling once a `Content-Length` is reached) was
     /// written whole, not cut off by the client.
     pub(crate) fn wire_complete(&self) -> bool {
         let st = self.st.lock();
-        st.out_end && st.out.is_empty() && !st.out_abort
+        st.out_end && st.out.is_empty() && st.out_bytes == 0 && !st.out_abort
     }
 
     /// The client is gone (or counts as gone: see `next_message`).
@@ -408,7 +454,8 @@ impl Exchange {
 
     /// Queues a response chunk (`end` marks the last one). Returns whether
     /// the queue is now at or above its limit, i.e. `send()` must wait.
-    pub(crate) fn push_out(&self, chunk: Bytes, end: bool, shared: &Shared) -> bool {
+    pub(crate) fn push_out(&self, chunk: impl Into<Out>, end: bool, shared: &Shared) -> bool {
+        let chunk = chunk.into();
         let mut st = self.st.lock();
         if !chunk.is_empty() {
             st.out_bytes += chunk.len();
@@ -445,6 +492,17 @@ impl Exchange {
     pub(crate) fn resume_body(&self, st: &mut ExchState, shared: &Shared) {
         wake_tokio(st, shared);
     }
+}
+
+/// Accounts for `n` bytes leaving the response queue; returns whether
+/// `send()` callers waiting for room must be woken.
+fn take_out(st: &mut ExchState, n: usize, wired: bool, shared: &Shared) -> bool {
+    let was_full = st.out_bytes >= shared.config.send_buffer;
+    st.out_bytes = st.out_bytes.saturating_sub(n);
+    if wired {
+        st.wire_bytes += n as u64;
+    }
+    was_full && st.out_bytes < shared.config.send_buffer && !st.send_waiters.is_empty()
 }
 
 fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {
@@ -518,7 +576,7 @@ mod tests {
         assert!(!ex.push_out(Bytes::from_static(b"ab"), false, &s));
         assert!(!ex.push_out(Bytes::from_static(b""), true, &s));
         match ex.poll_chunk(&mut cx, &s) {
-            Poll::Ready(Some(Ok(b))) => assert_eq!(&b[..], b"ab"),
+            Poll::Ready(Some(Ok(Out::Data(b)))) => assert_eq!(&b[..], b"ab"),
             _ => panic!("expected the chunk"),
         }
         assert!(matches!(ex.poll_chunk(&mut cx, &s), Poll::Ready(None)));

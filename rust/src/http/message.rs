@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString, PyTuple};
 
 use crate::bridge::names::names;
+use crate::http::zerocopy::{self, ZeroCopySend};
 
 /// Bodies at least this large are handed to hyper without a copy.
 const ZERO_COPY_MIN: usize = 4096;
@@ -41,6 +42,9 @@ pub(crate) enum HttpSend {
     /// `None`: nothing to send (no links; a `100`, which Skirr sends itself
     /// when the app first calls `receive()`).
     Interim(Option<(StatusCode, HeaderMap)>),
+    /// `http.response.zerocopysend` (ASGI zero copy send extension): a
+    /// region of the app's file as the next body chunk.
+    ZeroCopy(ZeroCopySend),
     /// `http.response.trailers` (ASGI HTTP trailers extension).
     Trailers {
         headers: HeaderMap,
@@ -393,6 +397,9 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
         })?;
         return Ok(HttpSend::PathSend { path });
     }
+    if kind == zerocopy::WHAT {
+        return zerocopy::parse(&d).map(HttpSend::ZeroCopy);
+    }
     if kind == "http.response.start" {
         const WHAT: &str = "http.response.start";
         let status = parse_status(d.get_item(n.status.bind(py))?, WHAT)?;
@@ -440,8 +447,9 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
     Err(PyRuntimeError::new_err(format!(
         "unexpected ASGI message type {:?} on an HTTP connection \
          (expected 'http.response.start', 'http.response.body', \
-         'http.response.pathsend', 'http.response.trailers', \
-         'http.response.early_hint' or 'http.response.informational')",
+         'http.response.pathsend', 'http.response.zerocopysend', \
+         'http.response.trailers', 'http.response.early_hint' or \
+         'http.response.informational')",
         t.to_string_lossy()
     )))
 }

@@ -23,6 +23,7 @@ pub(crate) mod message;
 pub(crate) mod protocol;
 pub(crate) mod scope;
 pub(crate) mod service;
+pub(crate) mod zerocopy;
 
 use std::sync::Arc;
 

@@ -1,5 +1,7 @@
 //! `receive` and `send` for one HTTP request (ASGI HTTP spec 2.5).
 
+mod body;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,8 +18,9 @@ use crate::bridge::awaitable::ready;
 use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::{BodyOut, ExchState, Exchange, ResponseHead};
+use crate::http::exchange::{BodyOut, ExchState, Exchange, Out, ResponseHead};
 use crate::http::message::{parse_http_send, HttpSend};
+use crate::http::zerocopy;
 use crate::server::Shared;
 use crate::wire::response::{declared_length, status_allows_body};
 
@@ -302,43 +305,6 @@ impl HttpProtocol {
             Phase::WireDone => self.finish(py, st),
             Phase::Done => {}
         }
-    }
-
-    /// The app ended a response shorter than its `Content-Length`: what it
-    /// sent is written, then the connection is closed so the client sees
-    /// an incomplete message rather than a wrong one (RFC 9112 §6.3).
-    fn end_short<'py>(
-        &self,
-        py: Python<'py>,
-        st: &mut ProtoState,
-        body: Bytes,
-        total: u64,
-        declared: u64,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        self.ctx.log_error(
-            py,
-            &format!(
-                "response body is shorter than its Content-Length ({total} of {declared} \
-                 bytes): closing the connection"
-            ),
-            None,
-        );
-        let shared = &self.ctx.shared;
-        st.sent = total;
-        if let Some((status, headers)) = st.held.take() {
-            self.exch.respond(
-                ResponseHead {
-                    status,
-                    headers,
-                    body: BodyOut::Stream,
-                },
-                shared,
-            );
-        }
-        self.exch.push_out(body, false, shared);
-        self.exch.abort(shared);
-        self.finish(py, st);
-        self.ctx.done(py)
     }
 
     /// `send()` found the client gone: the response ends here (its line
@@ -702,7 +668,8 @@ impl HttpProtocol {
     }
 
     /// `await send(message)`: `http.response.start` then
-    /// `http.response.body` (with `more_body` while streaming).
+    /// `http.response.body` and `http.response.zerocopysend` chunks (with
+    /// `more_body` while streaming), or one `http.response.pathsend`.
     ///
     /// Raises `TypeError`/`RuntimeError` for an invalid message or order,
     /// and `ClientDisconnected` (an `OSError`) once the client is gone or
@@ -713,7 +680,6 @@ impl HttpProtocol {
         message: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let msg = parse_http_send(message)?;
-        let shared = &self.ctx.shared;
         let mut st = self.st.lock();
         match msg {
             HttpSend::Start {
@@ -764,122 +730,21 @@ impl HttpProtocol {
                 headers,
                 more_trailers,
             } => self.trailers(py, &mut st, headers, more_trailers),
-            HttpSend::Body { body, more_body } => {
-                match st.phase {
-                    Phase::Initial => {
-                        return Err(PyRuntimeError::new_err(
-                            "http.response.body sent before http.response.start",
-                        ))
-                    }
-                    Phase::Done => {
-                        let gone = self.exch.lock().gone;
-                        return Err(ClientDisconnected::new_err(if gone {
-                            "the client disconnected"
-                        } else {
-                            "the response is already complete"
-                        }));
-                    }
-                    Phase::Trailers => {
-                        return Err(PyRuntimeError::new_err(
-                            "http.response.body after the final body: \
-                             http.response.trailers is expected",
-                        ))
-                    }
-                    Phase::Held | Phase::Streaming | Phase::WireDone => {}
+            HttpSend::Body { body, more_body } => self.body(
+                py,
+                &mut st,
+                Out::Data(body),
+                more_body,
+                "http.response.body",
+            ),
+            HttpSend::ZeroCopy(z) => {
+                let what = zerocopy::WHAT;
+                let sent = self.body(py, &mut st, Out::File(z.segment), z.more_body, what)?;
+                drop(st);
+                if let Some(advance) = z.advance {
+                    advance.run(py)?;
                 }
-                if self.exch.lock().gone {
-                    return Err(self.client_gone(py, &mut st));
-                }
-                let mut body = body;
-                if self.head {
-                    // HEAD: the head is the whole answer (RFC 9110 §9.3.2).
-                    body = Bytes::new();
-                } else if st.no_body && !body.is_empty() {
-                    self.warn_dropped_body(py, st.status, body.len());
-                    body = Bytes::new();
-                }
-                let total = st.sent + body.len() as u64;
-                if let Some(declared) = st.declared {
-                    if total > declared {
-                        // Refused before anything is queued: the wire never
-                        // carries more than the head announced.
-                        return Err(PyRuntimeError::new_err(format!(
-                            "response body is longer than its Content-Length of {declared} \
-                             bytes ({total} bytes sent)"
-                        )));
-                    }
-                    if !more_body && total < declared {
-                        return self.end_short(py, &mut st, body, total, declared);
-                    }
-                }
-                st.sent = total;
-                if st.phase == Phase::WireDone {
-                    if !more_body {
-                        self.finish(py, &mut st);
-                    }
-                    return self.ctx.done(py);
-                }
-                // The chunk that reaches the declared length ends the wire
-                // message even while `more_body` is true: hyper stops
-                // polling the body there.
-                let wire_end = !more_body || st.declared == Some(total) || self.head;
-                if st.phase == Phase::Held {
-                    let (status, headers) = st.held.take().unwrap_or_default();
-                    // Trailers need a streamed body (chunked on HTTP/1.1).
-                    if wire_end && !st.trailing {
-                        self.exch.respond(
-                            ResponseHead {
-                                status,
-                                headers,
-                                body: BodyOut::Full(body),
-                            },
-                            shared,
-                        );
-                        if more_body {
-                            st.phase = Phase::WireDone;
-                        } else {
-                            self.finish(py, &mut st);
-                        }
-                        return self.ctx.done(py);
-                    }
-                    st.phase = Phase::Streaming;
-                    self.exch.respond(
-                        ResponseHead {
-                            status,
-                            headers,
-                            body: BodyOut::Stream,
-                        },
-                        shared,
-                    );
-                }
-                if more_body && wire_end {
-                    self.exch.push_out(body, true, shared);
-                    st.phase = Phase::WireDone;
-                    return self.ctx.done(py);
-                }
-                if !more_body && st.trailing {
-                    // The body ends with the trailer section, still to come.
-                    self.exch.push_out(body, false, shared);
-                    st.phase = Phase::Trailers;
-                    return self.ctx.done(py);
-                }
-                let full = self.exch.push_out(body, !more_body, shared);
-                if !more_body {
-                    self.finish(py, &mut st);
-                    return self.ctx.done(py);
-                }
-                if !full {
-                    return self.ctx.done(py);
-                }
-                // Over the send buffer: wait until the client drains it.
-                let fut = self.ctx.waiter(py)?;
-                let mut ex = self.exch.lock();
-                if ex.gone || ex.out_bytes < shared.config.send_buffer {
-                    drop(ex);
-                    return self.ctx.done(py);
-                }
-                ex.send_waiters.push(fut.clone().unbind());
-                Ok(fut.into_any())
+                Ok(sent)
             }
         }
     }
