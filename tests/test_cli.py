@@ -174,6 +174,14 @@ def test_environment_variables_set_options():
         assert b'"root_path": "/env"' in request(s.port, "GET", "/scope").body
 
 
+def test_misspelt_environment_variable_is_named():
+    with skirr("apps.probe:app", env={"SKIRR_ROOT_PAHT": "/env", "SKIRR_SOMETHING_ELSE": "1"}) as s:
+        assert request(s.port, "GET", "/").status == 200
+        logs = s.logs()
+        assert "ignoring SKIRR_ROOT_PAHT: no such option (did you mean SKIRR_ROOT_PATH?)" in logs
+        assert "SKIRR_SOMETHING_ELSE" not in logs
+
+
 def test_sigint_shuts_down_gracefully():
     import signal
 

@@ -146,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except config.ConfigError as e:
         return _fail(str(e))
     error_log, access_log = logs.setup(args.log_level, args.access_log)
+    for line in config.misspelt_env():
+        error_log.warning("%s", line)
     try:
         app = as_asgi3(import_app(args.app, factory=args.factory, app_dir=args.app_dir), repr(args.app))
     except AppLoadError as e:

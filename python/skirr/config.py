@@ -505,6 +505,23 @@ def resolve(
     return out
 
 
+def misspelt_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``SKIRR_*`` variable that is no option but close to one
+    (``SKIRR_SEND_TIMOUT``): set, it would be silently ignored. Other
+    ``SKIRR_*`` names (tools' own, like the test suite's) are left alone."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    known = [o.env for o in OPTIONS]
+    out = []
+    for name in sorted(environ):
+        if name.startswith("SKIRR_") and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close:
+                out.append(f"ignoring {name}: no such option (did you mean {close[0]}?)")
+    return out
+
+
 def rust_config(values: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     """The subset of ``values`` the Rust core reads, plus ``extra`` keys."""
     d = {k: v for k, v in values.items() if BY_NAME[k].rust}

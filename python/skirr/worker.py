@@ -248,6 +248,8 @@ class RustWorker(Worker):
         signal.signal(signal.SIGWINCH, signal.SIG_IGN)
 
     def _options(self) -> dict[str, Any]:
+        for line in config.misspelt_env():
+            self.log.warning("%s", line)
         return config.resolve(fallback=gunicorn_settings.fallback(self.cfg, self.max_requests))
 
     def _access(self):
