@@ -20,6 +20,7 @@ listens must be the one that serves): ``skirr`` and ``hyper`` here, and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import glob
 import json
@@ -139,10 +140,17 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", default="raw_get,post_4k,get_64k,fastapi_json,ws_echo")
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--venv", default=str(BENCH / ".venv"))
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep callgrind's output files in DIR (for callgrind_annotate) instead of a temporary directory",
+    )
     args = p.parse_args(argv)
     venv = Path(args.venv)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="skirr-cg-") as tmp:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="skirr-cg-") as tmp:
         for s in args.servers.split(","):
             if s not in SINGLE_PROCESS:
                 p.error(f"{s}: only single-process servers can be measured ({', '.join(sorted(SINGLE_PROCESS))})")

@@ -125,6 +125,17 @@ class _ForwardedSignals:
 
     _skirr_signals: SignalForwarder | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.__dict__["_skirr_task_factory"] = self.get_task_factory()  # type: ignore[attr-defined]
+
+    def set_task_factory(self, factory: Any) -> None:
+        super().set_task_factory(factory)  # type: ignore[misc]
+        # Mirrored in the instance dict, where the server reads it for each
+        # request with one dict lookup (uvloop keeps its own where only a
+        # method call reaches it).
+        self.__dict__["_skirr_task_factory"] = factory
+
     def add_signal_handler(self, sig: int, callback: Callable[..., Any], *args: Any) -> None:
         if self._skirr_signals is None:
             return super().add_signal_handler(sig, callback, *args)  # type: ignore[misc]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString};
 
 use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
@@ -33,6 +33,12 @@ pub(crate) struct AppContext {
     /// The loop keeps its task factory in `_task_factory` (asyncio's loops;
     /// uvloop has only the method).
     factory_attr: bool,
+    /// The loop's instance `__dict__` and the entry that holds its task
+    /// factory: `_skirr_task_factory` on Skirr's own loops (uvloop too; see
+    /// `serve.py`), or asyncio's `_task_factory` when nothing on the loop's
+    /// type shadows it. One dict lookup per request instead of an attribute
+    /// lookup or a method call.
+    factory_dict: Option<(Py<PyDict>, Py<PyString>)>,
     /// Set once shutdown cancels the tasks left (see
     /// [`cancel_all`](crate::bridge::task::cancel_all)).
     pub(crate) cancelling: AtomicBool,
@@ -91,16 +97,15 @@ impl AppContext {
         let none = py.None();
         t.set_item(n.type_.bind(py), n.http.bind(py))?;
         t.set_item(n.asgi.bind(py), asgi_http)?;
-        for key in [
-            &n.http_version,
-            &n.method,
-            &n.scheme,
-            &n.path,
-            &n.raw_path,
-            &n.query_string,
-        ] {
+        // The commonest values are in place already: a request that has
+        // them skips the store (see `scope::http_scope`).
+        t.set_item(n.http_version.bind(py), n.v1_1.bind(py))?;
+        t.set_item(n.method.bind(py), n.get.bind(py))?;
+        t.set_item(n.scheme.bind(py), n.http.bind(py))?;
+        for key in [&n.path, &n.raw_path] {
             t.set_item(key.bind(py), &none)?;
         }
+        t.set_item(n.query_string.bind(py), PyBytes::new(py, b""))?;
         t.set_item(n.root_path.bind(py), PyString::new(py, &root_path))?;
         for key in [&n.headers, &n.client, &n.server, &n.state, &n.extensions] {
             t.set_item(key.bind(py), &none)?;
@@ -124,6 +129,24 @@ impl AppContext {
         let ws_extensions = PyDict::new(py);
         ws_extensions.set_item("websocket.http.response", PyDict::new(py))?;
 
+        let factory_dict = lp
+            .getattr("__dict__")
+            .ok()
+            .and_then(|d| d.cast_into::<PyDict>().ok())
+            .and_then(|d| {
+                let own = PyString::intern(py, "_skirr_task_factory");
+                let asyncio = PyString::intern(py, "_task_factory");
+                let key = if d.contains(&own).unwrap_or(false) {
+                    own
+                } else if d.contains(&asyncio).unwrap_or(false)
+                    && !lp.get_type().hasattr(&asyncio).unwrap_or(true)
+                {
+                    asyncio
+                } else {
+                    return None;
+                };
+                Some((d.unbind(), key.unbind()))
+            });
         let create_future = lp.getattr("create_future")?;
         let done = create_future.call0()?;
         done.call_method1("set_result", (py.None(),))?;
@@ -135,6 +158,7 @@ impl AppContext {
             tasks: Mutex::new(HashMap::new()),
             cancelling: AtomicBool::new(false),
             factory_attr: lp.hasattr("_task_factory").unwrap_or(false),
+            factory_dict,
             http_template: t.unbind(),
             ws_template: ws_template.unbind(),
             http_extensions: http_extensions.unbind(),
@@ -169,6 +193,12 @@ impl AppContext {
     /// asyncio's own loops keep it in `_task_factory`, read without the
     /// method call on every request).
     pub(crate) fn has_task_factory(&self, py: Python<'_>) -> bool {
+        if let Some((d, key)) = &self.factory_dict {
+            return d
+                .bind(py)
+                .get_item(key.bind(py))
+                .is_ok_and(|f| f.is_some_and(|f| !f.is_none()));
+        }
         let lp = self.event_loop.bind(py);
         let factory = if self.factory_attr {
             lp.getattr(pyo3::intern!(py, "_task_factory"))

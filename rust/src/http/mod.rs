@@ -39,31 +39,31 @@ use crate::http::service::HttpRequest;
 /// Never raises: a failure before the app runs is logged and answered 500.
 pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>) {
     let head = req.parts.method == http::Method::HEAD;
-    let scope = match scope::http_scope(py, ctx, &req) {
+    let built = scope::http_scope(py, ctx, &req);
+    let HttpRequest {
+        parts,
+        exch,
+        received,
+        ..
+    } = *req;
+    // The app sees only the scope: the head goes back to the Tokio side.
+    ctx.shared.wakeups.retire(parts);
+    let scope = match built {
         Ok(s) => s,
         Err(e) => {
             ctx.log_error(py, "could not build the HTTP scope", Some(&e));
-            let proto = HttpProtocol::new(
-                Arc::clone(&req.exch),
-                Arc::clone(ctx),
-                head,
-                req.received,
-                None,
-            );
+            let proto = HttpProtocol::new(exch, Arc::clone(ctx), head, received, None);
             proto.on_error(py, e);
             return;
         }
     };
     let keep_scope = ctx.access_log.is_some().then(|| scope.clone().unbind());
+    if ctx.shared.config.server_timing {
+        exch.lock().app_started = Some(std::time::Instant::now());
+    }
     let proto = match Py::new(
         py,
-        HttpProtocol::new(
-            Arc::clone(&req.exch),
-            Arc::clone(ctx),
-            head,
-            req.received,
-            keep_scope,
-        ),
+        HttpProtocol::new(exch, Arc::clone(ctx), head, received, keep_scope),
     ) {
         Ok(p) => p,
         Err(e) => {
@@ -71,9 +71,6 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
             return;
         }
     };
-    if ctx.shared.config.server_timing {
-        req.exch.lock().app_started = Some(std::time::Instant::now());
-    }
     let run = || -> PyResult<()> {
         let b = proto.bind(py);
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;

@@ -8,7 +8,7 @@ use http::{Method, Version};
 use percent_encoding::percent_decode_str;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::bridge::context::AppContext;
 use crate::bridge::names::{names, Names};
@@ -54,18 +54,44 @@ pub(crate) fn server_tuple<'py>(py: Python<'py>, local: &LocalAddr) -> PyResult<
 /// `headers`: `[(name, value), ...]` as bytes; names are lower-case (hyper
 /// normalises them). Repeated fields are kept, each name's values in order.
 pub(crate) fn headers<'py>(py: Python<'py>, map: &http::HeaderMap) -> PyResult<Bound<'py, PyList>> {
-    let list = PyList::empty(py);
-    for (name, value) in map {
-        let pair = PyTuple::new(
-            py,
-            [
+    let len = map.len();
+    let Ok(size) = ffi::Py_ssize_t::try_from(len) else {
+        return Err(pyo3::exceptions::PyOverflowError::new_err(
+            "too many headers",
+        ));
+    };
+    // Sized once and filled in place (no appends, no resizes).
+    // SAFETY: attached; returns a new reference or NULL with an error set.
+    let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(size))? };
+    let mut filled = 0;
+    for (name, value) in map.iter().take(len) {
+        // SAFETY: attached; a new reference or NULL with an error set.
+        let pair = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(2))? };
+        let name = PyBytes::new(py, name.as_str().as_bytes());
+        let value = PyBytes::new(py, value.as_bytes());
+        // SAFETY: `pair` is a new 2-tuple and `list` a new list of `len`
+        // slots, both unshared; SET_ITEM steals the references given, and
+        // `filled < len` (the iterator is capped at `len`).
+        unsafe {
+            ffi::PyTuple_SET_ITEM(pair.as_ptr(), 0, name.into_ptr());
+            ffi::PyTuple_SET_ITEM(pair.as_ptr(), 1, value.into_ptr());
+            ffi::PyList_SET_ITEM(list.as_ptr(), filled as ffi::Py_ssize_t, pair.into_ptr());
+        }
+        filled += 1;
+    }
+    if filled != len {
+        // Not reachable (`len` counts every value the iterator yields); a
+        // list with empty slots must never reach Python.
+        let list = PyList::empty(py);
+        for (name, value) in map {
+            list.append((
                 PyBytes::new(py, name.as_str().as_bytes()),
                 PyBytes::new(py, value.as_bytes()),
-            ],
-        )?;
-        list.append(pair)?;
+            ))?;
+        }
+        return Ok(list);
     }
-    Ok(list)
+    Ok(list.cast_into::<PyList>()?)
 }
 
 /// `d[key] = value` with an interned key, straight to `PyDict_SetItem`.
@@ -89,12 +115,16 @@ fn fill_common(
     conn: &ConnCtx,
 ) -> PyResult<()> {
     let n = names(py);
+    // The template holds "1.1", `b""` as the query, and (HTTP) "GET" and
+    // "http": only other values are stored.
     let version = match p.version {
-        Version::HTTP_10 => &n.v1_0,
-        Version::HTTP_2 => &n.v2,
-        _ => &n.v1_1,
+        Version::HTTP_10 => Some(&n.v1_0),
+        Version::HTTP_2 => Some(&n.v2),
+        _ => None,
     };
-    put(scope, &n.http_version, version.bind(py))?;
+    if let Some(v) = version {
+        put(scope, &n.http_version, v.bind(py))?;
+    }
 
     let raw = p.uri.path();
     let decoded = decode_path(raw);
@@ -119,8 +149,9 @@ fn fill_common(
         raw_path.extend_from_slice(raw.as_bytes());
         put(scope, &n.raw_path, &PyBytes::new(py, &raw_path))?;
     }
-    let query = p.uri.query().unwrap_or("");
-    put(scope, &n.query_string, &PyBytes::new(py, query.as_bytes()))?;
+    if let Some(query) = p.uri.query().filter(|q| !q.is_empty()) {
+        put(scope, &n.query_string, &PyBytes::new(py, query.as_bytes()))?;
+    }
     put(scope, &n.headers, &headers(py, &p.headers)?)?;
 
     let client = match (origin.and_then(|o| o.client.as_ref()), conn.peer) {
@@ -181,14 +212,13 @@ pub(crate) fn http_scope<'py>(
     let n = names(py);
     let scope = ctx.http_template.bind(py).copy()?;
     fill_common(py, &scope, ctx, &req.parts, &req.conn)?;
-    put(&scope, &n.method, &method(py, n, &req.parts.method))?;
+    if req.parts.method != Method::GET {
+        put(&scope, &n.method, &method(py, n, &req.parts.method))?;
+    }
     let https = req.parts.extensions.get::<Origin>().and_then(|o| o.https);
-    let scheme = if https.unwrap_or(req.conn.tls.is_some()) {
-        &n.https
-    } else {
-        &n.http
-    };
-    put(&scope, &n.scheme, scheme.bind(py))?;
+    if https.unwrap_or(req.conn.tls.is_some()) {
+        put(&scope, &n.scheme, n.https.bind(py))?;
+    }
     let template = if req.parts.version == http::Version::HTTP_11 {
         &ctx.http11_extensions
     } else {

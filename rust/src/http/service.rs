@@ -313,10 +313,13 @@ pub(crate) async fn handle(
             ));
         }
     }
-    if let Err(r) = check_head(&parts, &shared.config.limits) {
-        tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
-        return Ok(answer(parts, &conn, received, r.status, r.reason, busy));
-    }
+    let seen = match check_head(&parts, &shared.config.limits) {
+        Ok(seen) => seen,
+        Err(r) => {
+            tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
+            return Ok(answer(parts, &conn, received, r.status, r.reason, busy));
+        }
+    };
     if let Some(proxy) = &shared.config.proxy {
         // What a trusted proxy says about the client rides in the request's
         // extensions to the scope builder.
@@ -337,7 +340,7 @@ pub(crate) async fn handle(
             }
         }
     }
-    if crate::websocket::handshake::is_upgrade(&parts)
+    if (seen.upgrade && crate::websocket::handshake::is_upgrade(&parts))
         || crate::websocket::handshake::is_extended_connect(&parts)
     {
         conn.not_plain_http();
@@ -355,8 +358,10 @@ pub(crate) async fn handle(
     // `Expect` only matters for a request with a body. hyper's HTTP/2
     // server cannot send a 100 (no interim responses), so an HTTP/2 body is
     // read as if no `Expect` came: the client sends it after its wait.
-    let expect_continue =
-        !bodyless && parts.version != http::Version::HTTP_2 && expects_continue(&parts);
+    let expect_continue = !bodyless
+        && seen.expect
+        && parts.version != http::Version::HTTP_2
+        && expects_continue(&parts);
 
     let max_body = shared.config.max_body_size;
     if max_body > 0 && body.size_hint().lower() > max_body {

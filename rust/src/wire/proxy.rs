@@ -13,6 +13,9 @@ use std::str::FromStr;
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const SCRIPT_NAME: HeaderName = HeaderName::from_static("script_name");
+
 /// Who may speak for the client, and through which headers.
 #[derive(Clone, Debug, Default)]
 pub struct ProxyConfig {
@@ -89,32 +92,48 @@ impl ProxyConfig {
         if !self.trusts(peer) {
             return Ok(None);
         }
+        // One pass over the field names: a hashed lookup per name (five
+        // with Gunicorn's defaults) cost more than the pass on a typical
+        // head, and most requests carry none of them.
+        let mut forwarded = None;
+        let mut xff = None;
+        let mut script = None;
+        // Gunicorn's rule: the configured headers must agree with each other.
+        let mut secure_headers: Option<bool> = None;
+        for name in headers.keys() {
+            if name == http::header::FORWARDED {
+                forwarded = headers.get(name);
+            } else if name == X_FORWARDED_FOR {
+                xff = headers.get(name);
+            } else if self.script_name && name == SCRIPT_NAME {
+                script = headers.get(name);
+            }
+            for (secure_name, secure) in &self.secure_scheme_headers {
+                if name != secure_name {
+                    continue;
+                }
+                if let Some(v) = headers.get(name) {
+                    let https = v.as_bytes() == secure.as_bytes();
+                    match secure_headers {
+                        Some(prev) if prev != https => return Err("contradictory scheme headers"),
+                        _ => secure_headers = Some(https),
+                    }
+                }
+            }
+        }
         let mut o = Origin::default();
-        if let Some(fwd) = headers.get(http::header::FORWARDED) {
+        if let Some(fwd) = forwarded {
             let (client, proto) = self.parse_forwarded(fwd.as_bytes());
             o.client = client;
             o.https = proto;
-        } else if let Some(xff) = headers.get("x-forwarded-for") {
+        } else if let Some(xff) = xff {
             o.client = self.client_from_xff(xff.as_bytes());
-        }
-        // Gunicorn's rule: the configured headers must agree with each other.
-        let mut secure_headers: Option<bool> = None;
-        for (name, secure) in &self.secure_scheme_headers {
-            if let Some(v) = headers.get(name) {
-                let https = v.as_bytes() == secure.as_bytes();
-                match secure_headers {
-                    Some(prev) if prev != https => return Err("contradictory scheme headers"),
-                    _ => secure_headers = Some(https),
-                }
-            }
         }
         if o.https.is_none() {
             o.https = secure_headers;
         }
-        if self.script_name {
-            if let Some(v) = headers.get("script_name").and_then(|v| v.to_str().ok()) {
-                o.root_path = Some(v.trim_end_matches('/').to_owned());
-            }
+        if let Some(v) = script.and_then(|v| v.to_str().ok()) {
+            o.root_path = Some(v.trim_end_matches('/').to_owned());
         }
         if o == Origin::default() {
             return Ok(None);

@@ -12,7 +12,7 @@
 //! `Content-Length` and `Transfer-Encoding` is read as chunked and the
 //! connection is closed after the response (RFC 9112 §6.1).
 
-use http::header::{HOST, TRANSFER_ENCODING};
+use http::header::{EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::request::Parts;
 use http::{Method, StatusCode, Uri, Version};
 
@@ -59,8 +59,24 @@ fn target_len(uri: &Uri) -> usize {
     }
 }
 
-/// Checks a parsed request head: `Ok` if the app should see it.
-pub fn check_head(parts: &Parts, limits: &Limits) -> Result<(), Rejection> {
+/// Fields [`check_head`] saw on its way, so the server looks them up only
+/// when they are there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// An `Upgrade` field.
+    pub upgrade: bool,
+    /// An `Expect` field.
+    pub expect: bool,
+}
+
+/// Checks a parsed request head: `Ok` if the app should see it, with the
+/// fields seen.
+///
+/// One pass over the fields serves the size limit, `Transfer-Encoding`,
+/// `Host`, and [`Seen`] (a hashed lookup per name cost more than the pass on
+/// a typical head); the checks' order of precedence is unchanged: field
+/// size, target, transfer coding, `Host`.
+pub fn check_head(parts: &Parts, limits: &Limits) -> Result<Seen, Rejection> {
     if limits.request_line > 0 {
         // "HTTP/1.1" and two spaces.
         let line = parts.method.as_str().len() + target_len(&parts.uri) + 10;
@@ -68,51 +84,80 @@ pub fn check_head(parts: &Parts, limits: &Limits) -> Result<(), Rejection> {
             return Err(reject(StatusCode::URI_TOO_LONG, "request line too long"));
         }
     }
-    if limits.field_size > 0 {
-        for (name, value) in &parts.headers {
-            if name.as_str().len() + 2 + value.len() > limits.field_size {
-                return Err(reject(
-                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    "header field too large",
-                ));
-            }
+    let mut coding = Codings::default();
+    let mut seen = Seen::default();
+    let mut hosts = 0usize;
+    let mut host = None;
+    for (name, value) in &parts.headers {
+        if limits.field_size > 0 && name.as_str().len() + 2 + value.len() > limits.field_size {
+            return Err(reject(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "header field too large",
+            ));
+        }
+        if name == HOST {
+            hosts += 1;
+            host.get_or_insert(value);
+        } else if name == TRANSFER_ENCODING {
+            coding.add(value.as_bytes());
+        } else if name == UPGRADE {
+            seen.upgrade = true;
+        } else if name == EXPECT {
+            seen.expect = true;
         }
     }
     // An HTTP/2 extended CONNECT (RFC 8441) opens a WebSocket, not a tunnel.
     let extended = parts.extensions.get::<hyper::ext::Protocol>().is_some();
     check_target(&parts.method, &parts.uri, extended)?;
-    check_transfer_coding(parts)?;
-    check_host(parts)
+    coding.check()?;
+    check_host(parts.version, hosts, host.map(|h| h.as_bytes()))?;
+    Ok(seen)
 }
 
-/// `chunked` is the only transfer coding Skirr implements (RFC 9112 §6.1:
-/// 501 for one it does not understand), and it applies once (§7.1).
-/// hyper has already rejected a final coding other than `chunked`.
-fn check_transfer_coding(parts: &Parts) -> Result<(), Rejection> {
-    let mut chunked = 0;
-    for value in parts.headers.get_all(TRANSFER_ENCODING) {
-        for coding in value.as_bytes().split(|&b| b == b',') {
+/// The `Transfer-Encoding` values seen, in order: `chunked` is the only
+/// transfer coding Skirr implements (RFC 9112 §6.1: 501 for one it does not
+/// understand), and it applies once (§7.1). hyper has already rejected a
+/// final coding other than `chunked`.
+#[derive(Default)]
+struct Codings {
+    chunked: u32,
+    unknown: bool,
+}
+
+impl Codings {
+    fn add(&mut self, value: &[u8]) {
+        if self.unknown {
+            return;
+        }
+        for coding in value.split(|&b| b == b',') {
             let name = coding.split(|&b| b == b';').next().unwrap_or_default();
             let name = name.trim_ascii();
             if name.is_empty() {
                 continue;
             }
             if !name.eq_ignore_ascii_case(b"chunked") {
-                return Err(reject(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "transfer coding not implemented (only chunked)",
-                ));
+                self.unknown = true;
+                return;
             }
-            chunked += 1;
+            self.chunked += 1;
         }
     }
-    if chunked > 1 {
-        return Err(reject(
-            StatusCode::BAD_REQUEST,
-            "chunked transfer coding applied more than once",
-        ));
+
+    fn check(&self) -> Result<(), Rejection> {
+        if self.unknown {
+            return Err(reject(
+                StatusCode::NOT_IMPLEMENTED,
+                "transfer coding not implemented (only chunked)",
+            ));
+        }
+        if self.chunked > 1 {
+            return Err(reject(
+                StatusCode::BAD_REQUEST,
+                "chunked transfer coding applied more than once",
+            ));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The request target's form must suit the method (RFC 9112 §3.2).
@@ -143,16 +188,16 @@ fn check_target(method: &Method, uri: &Uri, extended_connect: bool) -> Result<()
     }
 }
 
-/// Exactly one valid `Host` on HTTP/1.1; at most one, valid, on HTTP/1.0.
-fn check_host(parts: &Parts) -> Result<(), Rejection> {
-    let mut hosts = parts.headers.get_all(HOST).iter();
-    match (hosts.next(), hosts.next()) {
-        (None, _) if parts.version >= Version::HTTP_11 => {
+/// Exactly one valid `Host` on HTTP/1.1; at most one, valid, on HTTP/1.0:
+/// `hosts` fields were seen, `first` is the first one's value.
+fn check_host(version: Version, hosts: usize, first: Option<&[u8]>) -> Result<(), Rejection> {
+    match (hosts, first) {
+        (0, _) if version >= Version::HTTP_11 => {
             Err(reject(StatusCode::BAD_REQUEST, "missing Host header"))
         }
-        (None, _) => Ok(()),
-        (Some(_), Some(_)) => Err(reject(StatusCode::BAD_REQUEST, "more than one Host header")),
-        (Some(h), None) if !is_valid_host(h.as_bytes()) => {
+        (0, _) => Ok(()),
+        (2.., _) => Err(reject(StatusCode::BAD_REQUEST, "more than one Host header")),
+        (_, Some(h)) if !is_valid_host(h) => {
             Err(reject(StatusCode::BAD_REQUEST, "invalid Host header"))
         }
         _ => Ok(()),
@@ -246,6 +291,15 @@ mod tests {
         check_head(&parts(raw), &Limits::default())
             .err()
             .map(|r| r.status.as_u16())
+    }
+
+    #[test]
+    fn reports_the_fields_seen() {
+        let seen = |raw: &str| check_head(&parts(raw), &Limits::default()).expect("valid head");
+        assert_eq!(seen("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), Seen::default());
+        let s =
+            seen("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nExpect: 100-continue\r\n\r\n");
+        assert!(s.upgrade && s.expect);
     }
 
     #[test]
