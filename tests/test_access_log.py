@@ -109,3 +109,18 @@ def test_an_app_failing_after_the_start_is_logged(server):
 def test_an_ordinary_response_has_one_line(server):
     request(server.port, "GET", "/file?id=ordinary&size=300000")
     assert status_and_size(one_line(server, "/file?id=ordinary")) == (200, 300000)
+
+
+def test_control_characters_in_the_path_cannot_forge_a_line(server):
+    """A CR/LF/NUL sent percent-encoded is decoded into the scope's path;
+    the standalone log encodes it again, as uvicorn does (Gunicorn's
+    ``%(r)s`` is the raw request line, encoded as sent)."""
+    forged = '[2026-12-01 16:00:00 +0000] 10.0.0.1:1 - "GET /admin HTTP/1.1" 200 1 1ms'
+    target = "/seen%0D%0A" + forged.replace(" ", "%20").replace('"', "%22") + "%00?id=forge"
+    with RawConn(server.port) as c:
+        c.send(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        c.read_to_eof()
+    line = one_line(server, "id=forge")
+    assert "\r" not in server.logs() and "\x00" not in server.logs()
+    assert "/seen%0D%0A" in line, line
+    assert not [ln for ln in server.logs().splitlines() if ln.startswith("[2026-12-01 16:00:00")]

@@ -96,6 +96,26 @@ def test_hint_and_100_continue_both_precede_the_response():
         assert (r.status, r.body) == (200, b"got 5")
 
 
+def test_many_hints_in_a_row_wait_for_the_wire_instead_of_failing():
+    """Past 16 queued 1xx the app's send() waits until they are taken;
+    where hints are dropped (HTTP/1.0, HTTP/2) nothing waits at all."""
+    from test_http2 import H2C, RawH2
+
+    with skirr(APP, *H2C) as s:
+        data = get(s.port, "/many?n=100")
+        head, _, rest = data.rpartition(b"HTTP/1.1 200 OK\r\n")
+        hint = b"HTTP/1.1 103 Early Hints\r\nlink: </%d.js>; rel=preload\r\n\r\n"
+        assert head == b"".join(hint % i for i in range(100))
+        assert rest.endswith(b"final")
+        with RawConn(s.port) as c:
+            c.send(b"GET /many?n=100 HTTP/1.0\r\n\r\n")
+            assert c.read_to_eof().startswith(b"HTTP/1.0 200 OK\r\n")
+        c = RawH2(s.port)
+        h, body = c.response(c.request("/many?n=100"))
+        assert (h[":status"], body) == (["200"], b"final")
+        c.close()
+
+
 def test_not_to_http10_clients():
     with skirr(APP) as s, RawConn(s.port) as c:
         c.send(b"GET /hint HTTP/1.0\r\n\r\n")
@@ -129,6 +149,8 @@ def test_gunicorn_informational_message():
             "RuntimeError: http.response.early_hint has an invalid link "
             "\"</x>\\r\\nset-cookie: a=b\": a field value cannot hold CR, LF or NUL",
         ),
+        ("empty", "RuntimeError: http.response.early_hint has an empty link"),
+        ("huge", "RuntimeError: http.response.early_hint carries 49800 bytes of fields, more than 16384"),
         (
             "status101",
             "RuntimeError: http.response.informational 'status' must be an informational status in "

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import ssl
+import time
 from urllib.parse import quote
 
 import pytest
@@ -154,6 +155,28 @@ def test_descriptors_are_closed_after_responses_and_aborts(files, route):
         assert request(s.port, "GET", target("one", files["small"])).body == files["data"]
 
 
+def test_a_stalled_client_holds_two_descriptors_however_small_the_regions(files):
+    """64-byte regions to a client that reads nothing: each region holds a
+    descriptor, and the queue is bounded by bytes, so without a bound on
+    regions one client would hold thousands (send_buffer / 64)."""
+    with skirr(APP, "--no-access-log") as s:
+        pid = s.proc.pid
+        request(s.port, "GET", target("one", files["small"]))
+        base = open_fds(pid)
+        with RawConn(s.port) as c:
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.send(f"GET {target('split', files['big'], piece=64)} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            c.read_head()
+            most, deadline = 0, time.monotonic() + 1.0
+            while time.monotonic() < deadline:  # the client stalls; the app keeps sending
+                most = max(most, open_fds(pid))
+                time.sleep(0.02)
+        # The connection's socket, the app's own file, and the server's two
+        # duplicates (one region queued, one being read).
+        assert most <= base + 4, (base, most)
+        wait_until(lambda: open_fds(pid) <= base, what="the descriptors to close after the client left")
+
+
 @pytest.mark.parametrize(
     ("bad", "want"),
     [
@@ -168,6 +191,7 @@ def test_descriptors_are_closed_after_responses_and_aborts(files, route):
         ("offset_past", "RuntimeError: http.response.zerocopysend 'offset' 1099511627776 is past the end"),
         ("count_past", "RuntimeError: http.response.zerocopysend 'count' 1099511627776 from offset 1 runs past"),
         ("pipe", "RuntimeError: http.response.zerocopysend 'file' must be a regular file"),
+        ("writeonly", "RuntimeError: http.response.zerocopysend: the file (descriptor"),
     ],
 )
 def test_invalid_messages_raise_naming_the_field(files, bad, want):

@@ -205,7 +205,7 @@ OPTIONS: tuple[Option, ...] = (
         "lifespan",
         "auto",
         _choice("auto", "on", "off"),
-        "lifespan protocol: auto serves apps without it, on requires it",
+        "lifespan protocol: auto serves apps without it, on requires it, off never sends it",
     ),
     Option(
         "tasks",
@@ -235,7 +235,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_requests",
         0,
         _nonneg_int,
-        "restart the worker after this many requests (0: never)",
+        "stop after this many requests (0: never): Gunicorn restarts the worker; standalone the process exits",
         gunicorn="max_requests",
     ),
     Option(

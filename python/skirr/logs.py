@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from typing import Any
+from urllib.parse import quote
 
 LEVELS = {
     "critical": logging.CRITICAL,
@@ -60,7 +61,9 @@ def access_logger(log: logging.Logger):
         if not log.isEnabledFor(logging.INFO):
             return
         qs = scope.get("query_string") or b""
-        target = scope["path"] + ("?" + qs.decode("latin-1") if qs else "")
+        # The decoded path, percent-encoded again as uvicorn logs it: a CR,
+        # LF or NUL in it cannot forge or break a line.
+        target = quote(scope["path"]) + ("?" + qs.decode("latin-1") if qs else "")
         log.info(
             '%s - "%s %s HTTP/%s" %d %d %.3fms',
             client_str(scope),

@@ -8,6 +8,7 @@ extension) and Gunicorn's ``http.response.informational``.
                   uses it: ``/state`` tells whether the preload came first.
 ``/info``         Gunicorn-style informational messages: a 100 (dropped: Skirr
                   sends its own), a 103 and a 102 (its Content-Length dropped).
+``/many?n=``      ``n`` hints in a row, then the final response.
 ``/upload``       a hint, then reads the body (``Expect: 100-continue``).
 ``/big``          4 MiB in one body (for pipelining behind a hint).
 ``/bad?mode=``    invalid messages; ``/errors`` lists what send() raised.
@@ -64,6 +65,10 @@ async def app(scope, receive, send):
             await asyncio.wait_for(release.wait(), 10)
             release.clear()
         return await text(send, b"final")
+    if path == "/many":
+        for i in range(int(query.removeprefix("n="))):
+            await send({"type": "http.response.early_hint", "links": [b"</%d.js>; rel=preload" % i]})
+        return await text(send, b"final")
     if path == "/upload":
         await send({"type": "http.response.early_hint", "links": LINKS[:1]})
         body = b""
@@ -86,6 +91,8 @@ async def app(scope, receive, send):
             "notbytes": {"type": "http.response.early_hint", "links": ["</x>; rel=preload"]},
             "str": {"type": "http.response.early_hint", "links": b"</x>"},
             "crlf": {"type": "http.response.early_hint", "links": [b"</x>\r\nset-cookie: a=b"]},
+            "empty": {"type": "http.response.early_hint", "links": [b""]},
+            "huge": {"type": "http.response.early_hint", "links": [b"</%d>" % i * 100 for i in range(100)]},
             "nolinks": {"type": "http.response.early_hint"},
             "status101": {"type": "http.response.informational", "status": 101, "headers": []},
             "status200": {"type": "http.response.informational", "status": 200, "headers": []},

@@ -47,6 +47,9 @@ async def _bad(send, q: dict) -> None:
             g = open(q["path"], "rb")  # noqa: SIM115 - closed on purpose
             g.close()
             msgs["closed"] = {"type": ZCS, "file": g}
+        if bad == "writeonly":
+            with open(q["path"], "ab") as wf:
+                return await send({"type": ZCS, "file": wf})
         if bad == "pipe":
             r, w = os.pipe()
             try:

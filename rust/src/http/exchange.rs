@@ -126,6 +126,10 @@ pub(crate) struct ExchState {
     /// Body bytes queued and not yet handed to hyper (including the unread
     /// rest of a file region being read).
     pub(crate) out_bytes: usize,
+    /// File regions in `out` (each holds a descriptor): `send()` waits
+    /// while one is queued, so a response holds at most two (one queued,
+    /// one being read) however small its regions.
+    pub(crate) out_files: usize,
     pub(crate) out_end: bool,
     /// The trailer section, written after the last chunk.
     pub(crate) out_trailers: Option<HeaderMap>,
@@ -237,7 +241,13 @@ impl Exchange {
     ) -> Poll<Awaited> {
         let mut st = self.st.lock();
         if !st.interim.is_empty() {
-            return Poll::Ready(Awaited::Interim(std::mem::take(&mut st.interim)));
+            let list = std::mem::take(&mut st.interim);
+            if !st.send_waiters.is_empty() {
+                // A send() waits for room among the interim responses.
+                drop(st);
+                self.needs_python(shared);
+            }
+            return Poll::Ready(Awaited::Interim(list));
         }
         if let Some(head) = st.head.take() {
             st.wire_status = head.status.as_u16();
@@ -272,11 +282,18 @@ impl Exchange {
     ) -> Poll<Option<Result<Out, Aborted>>> {
         let mut st = self.st.lock();
         if let Some(chunk) = st.out.pop_front() {
-            if let Out::Data(b) = &chunk {
-                if take_out(&mut st, b.len(), true, shared) {
-                    drop(st);
-                    self.needs_python(shared);
+            let wake = match &chunk {
+                Out::Data(b) => take_out(&mut st, b.len(), true, shared),
+                Out::File(_) => {
+                    st.out_files -= 1;
+                    st.out_files == 0
+                        && st.out_bytes < shared.config.send_buffer
+                        && !st.send_waiters.is_empty()
                 }
+            };
+            if wake {
+                drop(st);
+                self.needs_python(shared);
             }
             return Poll::Ready(Some(Ok(chunk)));
         }
@@ -434,7 +451,7 @@ impl Exchange {
     }
 
     /// Queues an interim response for the wire, before the head. Returns
-    /// false, queueing nothing, when [`MAX_QUEUED`] already wait.
+    /// false when [`MAX_QUEUED`] now wait: `send()` must wait too.
     ///
     /// [`MAX_QUEUED`]: crate::http::interim::MAX_QUEUED
     pub(crate) fn push_interim(
@@ -444,12 +461,9 @@ impl Exchange {
         shared: &Shared,
     ) -> bool {
         let mut st = self.st.lock();
-        if st.interim.len() >= crate::http::interim::MAX_QUEUED {
-            return false;
-        }
         st.interim.push((status, headers));
         wake_tokio(&mut st, shared);
-        true
+        st.interim.len() < crate::http::interim::MAX_QUEUED
     }
 
     /// Queues a response chunk (`end` marks the last one). Returns whether
@@ -459,10 +473,11 @@ impl Exchange {
         let mut st = self.st.lock();
         if !chunk.is_empty() {
             st.out_bytes += chunk.len();
+            st.out_files += matches!(chunk, Out::File(_)) as usize;
             st.out.push_back(chunk);
         }
         st.out_end |= end;
-        let full = st.out_bytes >= shared.config.send_buffer && !end;
+        let full = !st.has_room(shared.config.send_buffer) && !end;
         wake_tokio(&mut st, shared);
         full
     }
@@ -502,7 +517,17 @@ fn take_out(st: &mut ExchState, n: usize, wired: bool, shared: &Shared) -> bool 
     if wired {
         st.wire_bytes += n as u64;
     }
-    was_full && st.out_bytes < shared.config.send_buffer && !st.send_waiters.is_empty()
+    was_full && st.has_room(shared.config.send_buffer) && !st.send_waiters.is_empty()
+}
+
+impl ExchState {
+    /// Whether `send()` may queue more: under `send_buffer` bytes, no file
+    /// region and fewer than `MAX_QUEUED` interim responses waiting.
+    pub(crate) fn has_room(&self, send_buffer: usize) -> bool {
+        self.out_bytes < send_buffer
+            && self.out_files == 0
+            && self.interim.len() < crate::http::interim::MAX_QUEUED
+    }
 }
 
 fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {

@@ -24,8 +24,8 @@ use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use tokio::io::AsyncWrite;
 
-/// At most this many interim responses wait in one exchange for the
-/// client to take the earlier ones; more is an error to the app.
+/// Once this many interim responses wait in one exchange for the wire,
+/// the app's `send()` waits until the Tokio side took them.
 pub(crate) const MAX_QUEUED: usize = 16;
 
 /// One connection's interim bytes on their way to the socket.

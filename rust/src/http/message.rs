@@ -321,8 +321,12 @@ fn early_hint(d: &Bound<'_, PyDict>) -> PyResult<Option<(StatusCode, HeaderMap)>
                 String::from_utf8_lossy(raw.as_bytes())
             ))
         })?;
+        if value.is_empty() {
+            return Err(PyRuntimeError::new_err(format!("{WHAT} has an empty link")));
+        }
         headers.append(http::header::LINK, value);
     }
+    interim_size(&headers, WHAT)?;
     Ok((!headers.is_empty()).then_some((StatusCode::EARLY_HINTS, headers)))
 }
 
@@ -361,7 +365,26 @@ fn informational(d: &Bound<'_, PyDict>) -> PyResult<Option<(StatusCode, HeaderMa
     // A 1xx has no content and frames nothing (RFC 9110 §8.6, RFC 9112 §6.1).
     headers.remove(http::header::CONTENT_LENGTH);
     headers.remove(TRANSFER_ENCODING);
+    interim_size(&headers, WHAT)?;
     Ok((status != StatusCode::CONTINUE).then_some((status, headers)))
+}
+
+/// The most field bytes one interim response may carry: a hint is a few
+/// links, and clients refuse heads far smaller than a final response may
+/// grow to (curl: 100 KiB for all of them together).
+const MAX_INTERIM_BYTES: usize = 16 * 1024;
+
+fn interim_size(headers: &HeaderMap, what: &str) -> PyResult<()> {
+    let size: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if size > MAX_INTERIM_BYTES {
+        return Err(PyRuntimeError::new_err(format!(
+            "{what} carries {size} bytes of fields, more than {MAX_INTERIM_BYTES}"
+        )));
+    }
+    Ok(())
 }
 
 /// Parses an HTTP `send()` message.

@@ -39,6 +39,8 @@ use crate::http::service::HttpRequest;
 /// Never raises: a failure before the app runs is logged and answered 500.
 pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>) {
     let head = req.parts.method == http::Method::HEAD;
+    // Interim responses reach HTTP/1.1 clients only (see `interim`).
+    let interim = req.parts.version == http::Version::HTTP_11;
     let built = scope::http_scope(py, ctx, &req);
     let HttpRequest {
         parts,
@@ -52,7 +54,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         Ok(s) => s,
         Err(e) => {
             ctx.log_error(py, "could not build the HTTP scope", Some(&e));
-            let proto = HttpProtocol::new(exch, Arc::clone(ctx), head, received, None);
+            let proto = HttpProtocol::new(exch, Arc::clone(ctx), head, interim, received, None);
             proto.on_error(py, e);
             return;
         }
@@ -63,7 +65,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
     }
     let proto = match Py::new(
         py,
-        HttpProtocol::new(exch, Arc::clone(ctx), head, received, keep_scope),
+        HttpProtocol::new(exch, Arc::clone(ctx), head, interim, received, keep_scope),
     ) {
         Ok(p) => p,
         Err(e) => {

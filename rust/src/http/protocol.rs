@@ -74,6 +74,9 @@ pub(crate) struct HttpProtocol {
     exch: Arc<Exchange>,
     /// The request is `HEAD`: whatever body the app sends is not written.
     head: bool,
+    /// Interim responses can be sent (HTTP/1.1); elsewhere they are
+    /// dropped.
+    interim: bool,
     ctx: Arc<AppContext>,
     received: Option<Instant>,
     st: Mutex<ProtoState>,
@@ -172,7 +175,7 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
         .flatten();
     let mut send = Vec::new();
     let gone = ex.gone;
-    if gone || ex.out_bytes < shared.config.send_buffer {
+    if gone || ex.has_room(shared.config.send_buffer) {
         send = std::mem::take(&mut ex.send_waiters);
     }
     drop(ex);
@@ -197,6 +200,7 @@ impl HttpProtocol {
         exch: Arc<Exchange>,
         ctx: Arc<AppContext>,
         head: bool,
+        interim: bool,
         received: Option<Instant>,
         scope: Option<Py<PyDict>>,
     ) -> Self {
@@ -207,6 +211,7 @@ impl HttpProtocol {
         Self {
             exch,
             head,
+            interim,
             ctx,
             received,
             st: Mutex::new(ProtoState {
@@ -411,15 +416,23 @@ impl HttpProtocol {
         if self.exch.lock().gone {
             return Err(self.client_gone(py, st));
         }
-        if let Some((status, headers)) = interim {
-            if !self.exch.push_interim(status, headers, &self.ctx.shared) {
-                return Err(PyRuntimeError::new_err(format!(
-                    "more than {} interim responses are waiting for the client to read them",
-                    crate::http::interim::MAX_QUEUED
-                )));
-            }
+        let Some((status, headers)) = interim.filter(|_| self.interim) else {
+            // HTTP/1.0 or HTTP/2: dropped (RFC 8297 §2 lets an intermediary).
+            return self.ctx.done(py);
+        };
+        if self.exch.push_interim(status, headers, &self.ctx.shared) {
+            return self.ctx.done(py);
         }
-        self.ctx.done(py)
+        // `MAX_QUEUED` wait for the wire: this send() returns once the
+        // Tokio side took them.
+        let fut = self.ctx.waiter(py)?;
+        let mut ex = self.exch.lock();
+        if ex.gone || ex.has_room(self.ctx.shared.config.send_buffer) {
+            drop(ex);
+            return self.ctx.done(py);
+        }
+        ex.send_waiters.push(fut.clone().unbind());
+        Ok(fut.into_any())
     }
 
     /// `http.response.trailers` (ASGI HTTP trailers extension): gathered

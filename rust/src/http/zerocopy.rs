@@ -148,7 +148,18 @@ fn dup_fileno(file: &Bound<'_, PyAny>) -> PyResult<File> {
     let owned = borrowed.try_clone_to_owned().map_err(|e| {
         PyRuntimeError::new_err(format!("{WHAT}: cannot duplicate descriptor {fd}: {e}"))
     })?;
-    Ok(File::from(owned))
+    let file = File::from(owned);
+    // A file opened for writing only fails at the first read, after the
+    // head is out: refused here instead.
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    if let Ok(flags) = fcntl(&file, FcntlArg::F_GETFL) {
+        if OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE == OFlag::O_WRONLY {
+            return Err(PyRuntimeError::new_err(format!(
+                "{WHAT}: the file (descriptor {fd}) is open for writing only"
+            )));
+        }
+    }
+    Ok(file)
 }
 
 /// The file's current position: its own `tell()` when it has one (a

@@ -156,7 +156,7 @@ impl HttpProtocol {
         // Over the send buffer: wait until the client drains it.
         let fut = self.ctx.waiter(py)?;
         let mut ex = self.exch.lock();
-        if ex.gone || ex.out_bytes < shared.config.send_buffer {
+        if ex.gone || ex.has_room(shared.config.send_buffer) {
             drop(ex);
             return self.ctx.done(py);
         }
