@@ -175,10 +175,12 @@ def test_environment_variables_set_options():
 
 
 def test_misspelt_environment_variable_is_named():
-    with skirr("apps.probe:app", env={"SKIRR_ROOT_PAHT": "/env", "SKIRR_SOMETHING_ELSE": "1"}) as s:
+    env = {"SKIRR_ROOT_PAHT": "/env", "SKIRR_SOMETHING_ELSE": "1", "SKIRR_HTTP2": "1"}
+    with skirr("apps.probe:app", env=env) as s:
         assert request(s.port, "GET", "/").status == 200
         logs = s.logs()
         assert "ignoring SKIRR_ROOT_PAHT: no such option (did you mean SKIRR_ROOT_PATH?)" in logs
+        assert "ignoring SKIRR_HTTP2: --http2 (a python -m skirr flag) has no environment variable" in logs
         assert "SKIRR_SOMETHING_ELSE" not in logs
 
 

@@ -505,16 +505,29 @@ def resolve(
     return out
 
 
+#: Flags of ``python -m skirr`` that are not options (no ``SKIRR_*``
+#: variable): a user may well try the variable.
+CLI_ONLY = {
+    "SKIRR_" + f.upper().replace("-", "_"): "--" + f
+    for f in ("host", "port", "uds", "fd", "backlog", "factory", "app-dir", "log-level", "access-log", "http2")
+}
+
+
 def misspelt_env(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line per ``SKIRR_*`` variable that is no option but close to one
-    (``SKIRR_SEND_TIMOUT``): set, it would be silently ignored. Other
-    ``SKIRR_*`` names (tools' own, like the test suite's) are left alone."""
+    """One line per ``SKIRR_*`` variable that would be silently ignored: a
+    name close to an option's (``SKIRR_SEND_TIMOUT``), or a command-line
+    flag's (``SKIRR_PORT``). Other ``SKIRR_*`` names (tools' own, like the
+    test suite's) are left alone."""
     import difflib
 
     environ = os.environ if environ is None else environ
     known = [o.env for o in OPTIONS]
     out = []
     for name in sorted(environ):
+        flag = CLI_ONLY.get(name)
+        if flag:
+            out.append(f"ignoring {name}: {flag} (a python -m skirr flag) has no environment variable")
+            continue
         if name.startswith("SKIRR_") and name not in known:
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
             if close:
