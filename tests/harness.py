@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,23 @@ def request(
     with RawConn(port) as c:
         c.send(head.encode("latin-1") + b"\r\n" + body)
         return c.read_response(head_request=(method == "HEAD"))
+
+
+def tls_answers(server, alpn: list[str] | None = None) -> bool:
+    """Whether a TLS handshake with ``server`` completes (and, given
+    ``alpn``, selects its first protocol); raises if the server exited."""
+    if server.proc.poll() is not None:
+        raise RuntimeError(f"server exited ({server.proc.returncode}):\n{server.logs()}")
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=1) as raw:
+            with ctx.wrap_socket(raw) as s:
+                return not alpn or s.selected_alpn_protocol() == alpn[0]
+    except OSError:
+        return False
 
 
 def wait_until(predicate, timeout: float = TIMEOUT, interval: float = 0.02, what: str = "condition"):

@@ -18,7 +18,7 @@ import socket
 import ssl
 
 import pytest
-from harness import gunicorn, skirr, wait_until
+from harness import gunicorn, skirr, tls_answers, wait_until
 
 browser = pytest.importorskip("browser", reason="websockets is needed to drive Chromium")
 if not browser.CHROMIUM:
@@ -42,17 +42,6 @@ def chromium(pki):
     b.close()
 
 
-def _tls_answers(server) -> bool:
-    if server.proc.poll() is not None:
-        raise RuntimeError(f"server exited ({server.proc.returncode}):\n{server.logs()}")
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=1) as raw, ctx.wrap_socket(raw):
-            return True
-    except OSError:
-        return False
-
 
 def _state(port: int, pki) -> dict:
     ctx = ssl.create_default_context(cafile=pki["ca"])
@@ -73,7 +62,7 @@ def test_preload_from_103_happens_before_the_final_response(chromium, pki, form)
     else:
         ctx = gunicorn(APP, "-w", "1", "--certfile", pki["cert"], "--keyfile", pki["key"], ready=False)
     with ctx as s:
-        wait_until(lambda: _tls_answers(s), what="the TLS server")
+        wait_until(lambda: tls_answers(s), what="the TLS server")
         url = f"https://localhost:{s.port}"
         with chromium.pages(1) as (page,):
             assert page.goto(f"{url}/page", timeout=20) == 200

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import socket
-import ssl
 import uuid
 
 import pytest
-from harness import gunicorn, skirr, wait_until
+from harness import gunicorn, skirr, tls_answers, wait_until
 
 browser = pytest.importorskip("browser", reason="websockets is needed to drive Chromium")
 if not browser.CHROMIUM:
@@ -53,19 +51,6 @@ def chromium(pki):
     b.close()
 
 
-def _tls_h2_answers(server) -> bool:
-    if server.proc.poll() is not None:
-        raise RuntimeError(f"server exited ({server.proc.returncode}):\n{server.logs()}")
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2", "http/1.1"])
-    try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=1) as raw:
-            with ctx.wrap_socket(raw) as s:
-                return s.selected_alpn_protocol() == "h2"
-    except OSError:
-        return False
-
 
 @pytest.fixture(scope="module", params=["standalone", "gunicorn"])
 def url(request, pki):
@@ -85,7 +70,7 @@ def url(request, pki):
     else:
         ctx = gunicorn(APP, "-w", "2", "--http-protocols", "h2,h1", "--certfile", cert, "--keyfile", key, ready=False)
     with ctx as s:
-        wait_until(lambda: _tls_h2_answers(s), what="the TLS server offering h2")
+        wait_until(lambda: tls_answers(s, ["h2", "http/1.1"]), what="the TLS server offering h2")
         yield f"https://127.0.0.1:{s.port}"
 
 

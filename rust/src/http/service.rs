@@ -394,7 +394,6 @@ pub(crate) async fn handle(
         }
     };
 
-    let interim_ok = parts.version == http::Version::HTTP_11;
     let mut guard = GoneGuard {
         exch: &exch,
         shared,
@@ -418,11 +417,9 @@ pub(crate) async fn handle(
             match exch.poll_head(cx, &conn.shared) {
                 Poll::Ready(Awaited::Head(head)) => return Poll::Ready(head),
                 Poll::Ready(Awaited::Interim(list)) => {
-                    // Only HTTP/1.1 has them (an HTTP/1.0 client does not
-                    // expect a 1xx, RFC 9110 §15.2; see `interim` for HTTP/2).
-                    if interim_ok {
-                        conn.interim.load(interim::encode_h1(&list));
-                    }
+                    // Queued on HTTP/1.1 requests only (`HttpProtocol`
+                    // drops them elsewhere).
+                    conn.interim.load(interim::encode_h1(&list));
                 }
                 Poll::Pending if conn.activity.peer_eof() && exch.is_gone() => {
                     // Told of the end of stream, the app gave up without an

@@ -94,24 +94,15 @@ impl HttpProtocol {
             let (status, mut headers) = st.held.take().unwrap_or_default();
             // Trailers need a streamed body (chunked on HTTP/1.1).
             if wire_end && !st.trailing {
-                let body = match body {
-                    Out::Data(b) => BodyOut::Full(b),
+                let (body, file) = match body {
+                    Out::Data(b) => (BodyOut::Full(b), None),
                     file => {
                         // The whole body is this file region: its length
                         // frames it, as a whole `http.response.body` is.
                         if !headers.contains_key(CONTENT_LENGTH) {
                             headers.insert(CONTENT_LENGTH, HeaderValue::from(total));
                         }
-                        self.exch.respond(
-                            ResponseHead {
-                                status,
-                                headers,
-                                body: BodyOut::Stream,
-                            },
-                            shared,
-                        );
-                        self.exch.push_out(file, true, shared);
-                        return self.ended(py, st, more_body);
+                        (BodyOut::Stream, Some(file))
                     }
                 };
                 self.exch.respond(
@@ -122,6 +113,9 @@ impl HttpProtocol {
                     },
                     shared,
                 );
+                if let Some(file) = file {
+                    self.exch.push_out(file, true, shared);
+                }
                 return self.ended(py, st, more_body);
             }
             st.phase = Phase::Streaming;
