@@ -26,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,9 @@ RESULTS = BENCH / "results"
 CLK = os.sysconf("SC_CLK_TCK")
 SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", "0")
 CLIENT_CPU = os.environ.get("BENCH_CLIENT_CPU", "1")
+# `--workers N` (N > 1): every server with N worker processes, servers and
+# load generator sharing every CPU (unless BENCH_*_CPU say otherwise).
+WORKERS = 1
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ FIXED_RATE = {"raw_get": 25600, "post_4k": 19200, "get_64k": 12800, "fastapi_jso
 SERVERS = {
     "skirr": "{py} -m skirr {app} --port {port} --no-access-log --lifespan off",
     "skirr-gunicorn": "{bin}/gunicorn -k skirr.RustWorker -w 1 -b 127.0.0.1:{port} --log-level warning {app}",
+    # Gunicorn's reuse_port: SO_REUSEPORT on the master's one listening
+    # socket (every worker still accepts from that same socket).
+    "skirr-gunicorn-reuseport": "{bin}/gunicorn -k skirr.RustWorker -w 1 -b 127.0.0.1:{port} --reuse-port "
+    "--log-level warning {app}",
     "peregrine": "{bin}/peregrine --port {port} --workers 1 {app}",
     "weft": "{bin}/weft --port {port} --workers 1 --lifespan off --log-level warning {app}",
     "granian": "{bin}/granian --interface asgi --workers 1 --port {port} --no-ws --loop uvloop "
@@ -400,10 +408,27 @@ class Cell:
     error: str | None = None
 
 
+def with_workers(name: str, tmpl: str, n: int) -> str | None:
+    """The server's command line with ``n`` worker processes, or None when
+    it has no such option (one process: `python -m skirr`, pure hyper)."""
+    if n == 1:
+        return tmpl
+    if name in ("skirr", "hyper"):
+        return None
+    if name == "uvicorn":
+        return tmpl + f" --workers {n}"
+    for one in (" -w 1 ", " --workers 1 "):
+        if one in tmpl:
+            return tmpl.replace(one, one.replace("1", str(n)), 1)
+    return None
+
+
 def start_server(
     name: str, w: Workload, port: int, venv: Path, websockets: bool = False, extra: str = ""
 ) -> subprocess.Popen:
-    tmpl = SERVERS[name]
+    tmpl = with_workers(name, SERVERS[name], WORKERS)
+    if tmpl is None:
+        raise ValueError(f"{name} has no worker-count option")
     if extra:
         tmpl = tmpl.replace(" {app}", extra + " {app}", 1) if "gunicorn" in tmpl else tmpl + extra
     if websockets:
@@ -492,11 +517,55 @@ class Running:
                 cell.error = msg
 
 
+def socket_owners(port: int, state: str) -> tuple[int, dict[int, int]]:
+    """The TCP sockets on local ``port`` in ``state`` (``established`` or
+    ``listening``): how many there are, and how many each process holds,
+    from ``ss -p`` (root sees every process; a socket shared by several
+    processes counts once in the total and for each of them)."""
+    out = subprocess.run(["ss", "-Htnp", "state", state, f"( sport = :{port} )"], capture_output=True, text=True).stdout
+    owners: dict[int, int] = {}
+    for line in out.splitlines():
+        for pid in set(int(x) for x in re.findall(r"pid=(\d+)", line)):
+            owners[pid] = owners.get(pid, 0) + 1
+    return len(out.splitlines()), owners
+
+
+def spread(before: dict, after: dict, conns: dict[int, int], listening: int) -> dict:
+    """How a multi-worker server shared one run: each process's share of
+    the CPU time (%, largest first, processes under 1 % left out), the
+    client connections each worker held mid-run, and how many listening
+    sockets the port has (1: the workers share one socket, as Gunicorn's
+    do; N: one per worker, SO_REUSEPORT, which the kernel balances by a
+    hash of each connection's addresses)."""
+    per: dict[int, int] = {}
+    for (pid, tid), v in after["tasks"].items():
+        per[pid] = per.get(pid, 0) + v - before["tasks"].get((pid, tid), 0)
+    total = sum(per.values()) or 1
+    shares = sorted((100.0 * v / total for v in per.values()), reverse=True)
+    return {
+        "cpu_share_pct": [round(x, 1) for x in shares if x >= 1.0],
+        "conns_per_worker": sorted(conns.values(), reverse=True),
+        "listening_sockets": listening,
+    }
+
+
 def one_run(r: Running, cell: Cell, args) -> None:
     url = f"http://127.0.0.1:{r.port}{r.w.path}"
     busy0, before = machine_busy(), tree_cpu(r.proc.pid)
+    sampled: dict[str, dict] = {}
+    timer = None
+    if WORKERS > 1:
+        # Mid-run: which worker holds which client connection.
+        timer = threading.Timer(
+            args.duration / 2, lambda: sampled.update(conns=socket_owners(r.port, "established")[1])
+        )
+        timer.start()
     res = one_load(url, r.w, cell, args.duration)
-    res.update(cpu_delta(before, tree_cpu(r.proc.pid), res["requests"]))
+    after = tree_cpu(r.proc.pid)
+    res.update(cpu_delta(before, after, res["requests"]))
+    if timer is not None:
+        timer.join()
+        res["spread"] = spread(before, after, sampled.get("conns", {}), socket_owners(r.port, "listening")[0])
     res.update(other_load(busy0, machine_busy(), res["server_cpu_pct"], res["client_cpu_pct"]))
     res["client_saturated"] = res["client_cpu_pct"] >= 95.0
     if cell.load == "fixed":
@@ -854,8 +923,8 @@ def markdown(report: dict) -> str:
         f"Skirr benchmark, {report['date']} — {report['machine']['cpu']} ({report['machine']['cores']} cores), "
         f"kernel {report['machine']['kernel']}, CPython {report['python']}, git {report['machine']['git_sha']}",
         "",
-        f"One worker pinned to CPU {SERVER_CPU}; the load generator (`wrk -t1` or `h2load -t1`) pinned to CPU "
-        f"{CLIENT_CPU}; {a['runs']} × {a['duration']} s after a {a['warmup']} s warm-up; medians (min–max). "
+        f"{a.get('workers', 1)} worker(s) on CPU {SERVER_CPU}; the load generator (`wrk -t1` or `h2load -t1`) "
+        f"on CPU {CLIENT_CPU}; {a['runs']} × {a['duration']} s after a {a['warmup']} s warm-up; medians (min–max). "
         "**CPU µs/req**: on-CPU time of every thread of the server's process tree (sum of "
         "`/proc/<pid>/task/*/schedstat`, ns) over each run, divided by the requests (or messages) completed "
         "in it; lower is better. PSS summed over the server's process tree. `!` marks a cell whose load "
@@ -905,6 +974,21 @@ def markdown(report: dict) -> str:
             *_cell_table(sel),
             "",
         ]
+    spread_rows = [c for c in ok if any("spread" in r for r in c["runs"])]
+    if spread_rows:
+        lines += [
+            f"### How {a['workers']} workers shared the load (each run: CPU share of each process, %; client "
+            "connections each worker held mid-run; listening sockets on the port)",
+            "",
+            "| server | cell | CPU share % per run | connections per worker per run | listening sockets |",
+            "|---|---|---|---|---|",
+        ]
+        for c in spread_rows:
+            sp = [r["spread"] for r in c["runs"] if "spread" in r]
+            cpu = "; ".join("/".join(f"{x:.0f}" for x in s["cpu_share_pct"]) for s in sp)
+            conn = "; ".join("/".join(str(x) for x in s["conns_per_worker"]) or "–" for s in sp)
+            lines.append(f"| {c['server']} | {_col(c)} | {cpu} | {conn} | {sp[-1]['listening_sockets']} |")
+        lines.append("")
     if report.get("ws_echo"):
         lines.append("### ws_echo (16-byte text messages, compiled client `bench/loadgen ws`)")
         lines.append("")
@@ -976,6 +1060,13 @@ def main(argv=None) -> int:
     p.add_argument("--stream", action="store_true", help="also measure streaming first byte")
     p.add_argument("--ws", default="", help="ws_echo connection counts, e.g. 16,256 (empty: skip)")
     p.add_argument("--idle", type=int, default=0, help="idle keep-alive connections to hold (0: skip)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes per server (N > 1: servers and load generator share every CPU, and each run "
+        "records how the workers shared CPU and connections; servers without a worker option are skipped)",
+    )
     p.add_argument("--venv", default=str(BENCH / ".venv"))
     p.add_argument("--keep-raw", action="store_true", help="keep wrk's raw output in the JSON")
     p.add_argument("--out", default=None, help="artifact path prefix (default bench/results/<stamp>)")
@@ -985,6 +1076,16 @@ def main(argv=None) -> int:
     for s in servers:
         if s not in SERVERS:
             p.error(f"unknown server {s!r}; known: {', '.join(SERVERS)}")
+    global WORKERS, SERVER_CPU, CLIENT_CPU
+    WORKERS = args.workers
+    if WORKERS > 1:
+        every = f"0-{(os.cpu_count() or 1) - 1}"
+        SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", every)
+        CLIENT_CPU = os.environ.get("BENCH_CLIENT_CPU", every)
+        skipped = [s for s in servers if with_workers(s, SERVERS[s], WORKERS) is None]
+        if skipped:
+            print(f"--workers {WORKERS}: skipping {', '.join(skipped)} (no worker-count option)", flush=True)
+        servers = [s for s in servers if s not in skipped]
     names = [w for w in args.workloads.split(",") if w]
     if args.fixed is None:
         args.fixed = ",".join(w for w in ("raw_get", "post_4k") if w in names)
@@ -1017,6 +1118,7 @@ def main(argv=None) -> int:
             "warmup": args.warmup,
             "runs": args.runs,
             "server_cpu": SERVER_CPU,
+            "workers": WORKERS,
             "client_cpu": CLIENT_CPU,
             "idle": args.idle,
             "fixed": fixed,

@@ -24,7 +24,10 @@ def test_app_and_total_durations_in_milliseconds():
         m = TIMING.match(r.header("server-timing") or "")
         assert m, r.headers
         app, total = float(m[1]), float(m[2])
-        assert 200 <= app <= total < 5000
+        # The loop's timer and the server's clock are read on different
+        # threads (and, on a VM, possibly different vCPUs): allow a few ms of
+        # skew below the 200 ms sleep; a unit error (s or µs) is still caught.
+        assert 190 <= app <= total < 5000
         # A streamed response: the header is in the head, sent before the body.
         r = request(s.port, "GET", "/stream?n=2&delay=0.1")
         assert TIMING.match(r.header("server-timing") or "")
