@@ -8,7 +8,8 @@ from ``valgrind --tool=callgrind`` over a fixed number of requests repeat to
 well under 1 %, whatever else the machine does. Each server runs under
 callgrind with instrumentation off; a warm-up runs; instrumentation is
 switched on for exactly N requests (or WebSocket messages) sent by
-``bench/loadgen``, then the counts are dumped and summed per thread.
+``bench/loadgen`` (HTTP/2 workloads: ``h2load -n N -c16 -m10``, h2c prior
+knowledge), then the counts are dumped and summed per thread.
 User-space instructions only (the kernel's share is the same for every
 server; see bench/NOTES.md). Writes ``bench/results/instructions-<stamp>.json``.
 
@@ -33,7 +34,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.run import BENCH, RESULTS, ROOT, SERVERS, WORKLOADS, free_port, machine, wait_ready  # noqa: E402
+from bench.run import (  # noqa: E402
+    BENCH,
+    H2,
+    RESULTS,
+    ROOT,
+    SERVERS,
+    WORKLOADS,
+    free_port,
+    machine,
+    post_body_file,
+    wait_ready,
+)
 
 LOADGEN = ROOT / "target" / "release" / "loadgen"
 SINGLE_PROCESS = {"skirr", "hyper", "uvicorn", "hypercorn"}
@@ -70,7 +82,11 @@ def measure(server: str, workload: str, count: int, venv: Path, tmp: str) -> dic
     if server == "hyper":
         if workload == "ws_echo" or WORKLOADS[workload].hyper_path is None:
             return {"server": server, "workload": workload, "error": "not applicable"}
-    cmd = SERVERS[server].format(bin=venv / "bin", py=venv / "bin" / "python", app=app, port=port, root=ROOT).split()
+    h2 = workload != "ws_echo" and WORKLOADS[workload].proto == "h2"
+    if h2 and server not in H2:
+        return {"server": server, "workload": workload, "error": "no h2c prior knowledge"}
+    tmpl = SERVERS[server] + (H2[server] if h2 else "")
+    cmd = tmpl.format(bin=venv / "bin", py=venv / "bin" / "python", app=app, port=port, root=ROOT).split()
     prefix = os.path.join(tmp, f"cg-{server}-{workload}")
     vg = [
         "valgrind",
@@ -89,6 +105,13 @@ def measure(server: str, workload: str, count: int, venv: Path, tmp: str) -> dic
         if workload == "ws_echo":
             load = [str(LOADGEN), "ws", f"ws://127.0.0.1:{port}/", "16"]
             subprocess.run(load + ["2"], check=True, capture_output=True, timeout=120)
+        elif h2:
+            w = WORKLOADS[workload]
+            path = w.hyper_path if server == "hyper" else w.path
+            body = ["-d", str(post_body_file())] if w.method == "POST" else []
+            load = ["h2load", "-c16", "-m10", *body, f"http://127.0.0.1:{port}{path}"]
+            extra = []
+            subprocess.run(load[:1] + ["-n2000"] + load[1:], check=True, capture_output=True, timeout=300)
         else:
             w = WORKLOADS[workload]
             path = w.hyper_path if server == "hyper" else w.path
@@ -99,6 +122,12 @@ def measure(server: str, workload: str, count: int, venv: Path, tmp: str) -> dic
         if workload == "ws_echo":
             out = subprocess.run(load + ["3"], check=True, capture_output=True, text=True, timeout=300)
             n = json.loads(out.stdout)["messages"]
+        elif h2:
+            out = subprocess.run(
+                load[:1] + [f"-n{count}"] + load[1:], check=True, capture_output=True, text=True, timeout=600
+            )
+            m = re.search(r"(\d+) succeeded", out.stdout)
+            n = int(m.group(1)) if m else 0
         else:
             subprocess.run(load + [str(count), *extra], check=True, capture_output=True, timeout=600)
             n = count

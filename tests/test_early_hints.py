@@ -1,8 +1,9 @@
 """Interim responses (issue 11): ``http.response.early_hint`` (ASGI early
 hints extension, RFC 8297) and Gunicorn's ``http.response.informational``,
 as raw HTTP/1.1 bytes — including behind a pipelined response hyper still
-buffers — and dropped on HTTP/1.0 and HTTP/2. The browser test is in
-test_early_hints_browser.py."""
+buffers — and as HTTP/2 HEADERS frames on the request's stream; dropped on
+HTTP/1.0, and on an HTTP/2 connection whose client shrank its HPACK table.
+The browser test is in test_early_hints_browser.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from harness import RawConn, gunicorn, request, skirr
 pytestmark = pytest.mark.timeout(60)
 
 APP = "apps.early_hints_app:app"
+LINK_CSS = "</style.css>; rel=preload; as=style"
+LINK_JS = "</app.js>; rel=preload; as=script"
 HINTS = (
     b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload; as=style\r\n\r\n"
     b"HTTP/1.1 103 Early Hints\r\nlink: </app.js>; rel=preload; as=script\r\n\r\n"
@@ -31,7 +34,7 @@ def app_json(port: int, path: str):
     return json.loads(request(port, "GET", path).body)
 
 
-def test_advertised_on_http11_only():
+def test_advertised_on_http11_and_http2_not_http10():
     from test_http2 import H2C, RawH2
 
     with skirr(APP, *H2C) as s:
@@ -41,7 +44,7 @@ def test_advertised_on_http11_only():
             assert "http.response.early_hint" not in json.loads(c.read_response().body)
         c = RawH2(s.port)
         _, body = c.response(c.request("/extensions"))
-        assert "http.response.early_hint" not in json.loads(body)
+        assert "http.response.early_hint" in json.loads(body)
         c.close()
 
 
@@ -97,8 +100,8 @@ def test_hint_and_100_continue_both_precede_the_response():
 
 
 def test_many_hints_in_a_row_wait_for_the_wire_instead_of_failing():
-    """Past 16 queued 1xx the app's send() waits until they are taken;
-    where hints are dropped (HTTP/1.0, HTTP/2) nothing waits at all."""
+    """Past 16 queued 1xx the app's send() waits until they are taken, on
+    HTTP/1.1 and HTTP/2; where hints are dropped (HTTP/1.0) nothing waits."""
     from test_http2 import H2C, RawH2
 
     with skirr(APP, *H2C) as s:
@@ -111,8 +114,10 @@ def test_many_hints_in_a_row_wait_for_the_wire_instead_of_failing():
             c.send(b"GET /many?n=100 HTTP/1.0\r\n\r\n")
             assert c.read_to_eof().startswith(b"HTTP/1.0 200 OK\r\n")
         c = RawH2(s.port)
-        h, body = c.response(c.request("/many?n=100"))
+        sid = c.request("/many?n=100")
+        h, body = c.response(sid)
         assert (h[":status"], body) == (["200"], b"final")
+        assert [links for links, _ in informational(c, sid)] == [[f"</{i}.js>; rel=preload"] for i in range(100)]
         c.close()
 
 
@@ -170,15 +175,186 @@ def test_invalid_messages_raise_and_nothing_reaches_the_wire(mode, error):
         assert app_json(s.port, "/errors") == [error]
 
 
-def test_dropped_on_http2():
-    from test_http2 import H2C, RawH2, h2events
+def informational(c, sid: int) -> list[tuple[list[str], str]]:
+    """The 1xx responses on stream ``sid`` so far, in order, each as (its
+    link values, its status); asserts each came before the final response."""
+    from test_http2 import h2events
+
+    out, final = [], False
+    for e in c.events:
+        if getattr(e, "stream_id", None) != sid:
+            continue
+        if isinstance(e, h2events.ResponseReceived):
+            final = True
+        if isinstance(e, h2events.InformationalResponseReceived):
+            assert not final, "a 1xx after the final response"
+            h = [(k.decode(), v.decode()) for k, v in e.headers]
+            out.append(([v for k, v in h if k == "link"], dict(h)[":status"]))
+    return out
+
+
+def test_http2_hints_are_headers_frames_before_the_response():
+    from hyperframe.frame import HeadersFrame
+    from test_http2 import H2C, RawH2
 
     with skirr(APP, *H2C) as s:
         c = RawH2(s.port)
         sid = c.request("/hint")
         h, body = c.response(sid)
         assert (h[":status"], body) == (["200"], b"final")
-        assert not [e for e in c.events if isinstance(e, h2events.InformationalResponseReceived)]
+        assert informational(c, sid) == [([LINK_CSS], "103"), ([LINK_JS], "103")]
+        # On the wire: three HEADERS frames on the stream, the 1xx ones
+        # without END_STREAM, each a whole field block.
+        frames = [f for f in c.frames if isinstance(f, HeadersFrame) and f.stream_id == sid]
+        assert len(frames) == 3
+        assert all("END_HEADERS" in f.flags and "END_STREAM" not in f.flags for f in frames[:2])
+        # The connection goes on: a second request, no hints asked.
+        h, body = c.response(c.request("/extensions"))
+        assert h[":status"] == ["200"]
+        c.close()
+
+
+def test_http2_hints_reach_the_client_while_the_app_still_works():
+    from test_http2 import H2C, RawH2, h2events
+
+    with skirr(APP, *H2C) as s:
+        c = RawH2(s.port)
+        sid = c.request("/hint?hold=1")
+        c.pump(lambda evs: len(informational(c, sid)) == 2)
+        assert not [e for e in c.events if isinstance(e, h2events.ResponseReceived)]
+        assert request(s.port, "GET", "/release").status == 200
+        h, body = c.response(sid)
+        assert (h[":status"], body) == (["200"], b"final")
+        c.close()
+
+
+def test_http2_concurrent_streams_each_get_their_own_hints():
+    from test_http2 import H2C, RawH2
+
+    with skirr(APP, *H2C) as s:
+        c = RawH2(s.port)
+        sids = [c.request("/many?n=20") for _ in range(8)]
+        for sid in sids:
+            h, body = c.response(sid)
+            assert (h[":status"], body) == (["200"], b"final")
+        for sid in sids:
+            got = informational(c, sid)
+            assert got == [([f"</{i}.js>; rel=preload"], "103") for i in range(20)], (sid, got[:3])
+        c.close()
+
+
+def test_http2_a_client_sent_stream_field_is_neither_seen_nor_believed():
+    """The transport tells the service each request's stream id in a field
+    of its own; one the client sends under that name changes nothing."""
+    from test_http2 import H2C, RawH2
+
+    with skirr(APP, *H2C) as s:
+        c = RawH2(s.port)
+        fake = [("x-skirr-h2-stream", "99"), ("x-skirr-h2-stream", "1")]
+        first = c.request("/extensions")
+        c.response(first)
+        sid = c.request("/hint", extra=fake)
+        h, _ = c.response(sid)
+        assert h[":status"] == ["200"]
+        assert [s for _, s in informational(c, sid)] == ["103", "103"]
+        assert informational(c, first) == []
+        sid = c.request("/headers", extra=fake)
+        names = [k for k, _ in json.loads(c.response(sid)[1])]
+        assert "x-skirr-h2-stream" not in names
+        c.close()
+
+
+def test_http2_request_blocks_in_continuation_frames_and_request_trailers():
+    from hyperframe.frame import ContinuationFrame
+    from test_http2 import H2C, RawH2
+
+    with skirr(APP, *H2C, "--limit-request-field-size", "0") as s:
+        c = RawH2(s.port)
+        # 20 KB of fields: more than one 16 KiB frame, so the client sends
+        # HEADERS + CONTINUATION.
+        sid = c.request("/hint", extra=[("x-big", "v" * 20_000)])
+        sent = [f for f in c.sent_frames() if isinstance(f, ContinuationFrame)]
+        assert sent, "the client did not continue its field block"
+        h, body = c.response(sid)
+        assert (h[":status"], body, len(informational(c, sid))) == (["200"], b"final", 2)
+        # A body, then trailers: the trailers' HEADERS is not a new request.
+        sid = c.request("/upload", method="POST", end=False)
+        c.conn.send_data(sid, b"hello")
+        c.conn.send_headers(sid, [("x-checksum", "1")], end_stream=True)
+        c.flush()
+        h, body = c.response(sid)
+        assert (h[":status"], body) == (["200"], b"got 5")
+        assert informational(c, sid) == [([LINK_CSS], "103")]
+        c.close()
+
+
+def test_http2_client_that_shrinks_its_hpack_table_gets_no_hints():
+    """A smaller table needs a size update at the start of the server's next
+    field block, which h2 puts in its own; Skirr's hints would come first,
+    so they stop on that connection (the responses do not)."""
+    from h2.settings import SettingCodes
+    from test_http2 import H2C, RawH2
+
+    with skirr(APP, *H2C) as s:
+        c = RawH2(s.port)
+        c.conn.update_settings({SettingCodes.HEADER_TABLE_SIZE: 0})
+        c.flush()
+        for _ in range(2):
+            sid = c.request("/hint")
+            h, body = c.response(sid)
+            assert (h[":status"], body) == (["200"], b"final")
+            assert informational(c, sid) == []
+        _, body = c.response(c.request("/extensions"))
+        assert "http.response.early_hint" not in json.loads(body)
+        c.close()
+        # Other connections still get them.
+        c = RawH2(s.port)
+        sid = c.request("/hint")
+        c.response(sid)
+        assert len(informational(c, sid)) == 2
+        c.close()
+
+
+def test_http2_gunicorn_informational_messages():
+    from test_http2 import H2C, RawH2
+
+    with skirr(APP, *H2C) as s:
+        c = RawH2(s.port)
+        sid = c.request("/info")
+        h, body = c.response(sid)
+        assert (h[":status"], body) == (["200"], b"done")
+        assert informational(c, sid) == [(["</a.css>; rel=preload"], "103"), ([], "102")]
+        c.close()
+
+
+def test_http2_curl_shows_the_103():
+    import shutil
+    import subprocess
+
+    from test_http2 import H2C
+
+    if not shutil.which("curl"):
+        pytest.skip("curl is not installed")
+    with skirr(APP, *H2C) as s:
+        out = subprocess.run(
+            ["curl", "-si", "--max-time", "10", "--http2-prior-knowledge", f"http://127.0.0.1:{s.port}/hint"],
+            capture_output=True,
+            timeout=20,
+        ).stdout
+        codes = [line.split()[1] for line in out.split(b"\r\n") if line.startswith(b"HTTP/2 ")]
+        assert codes == [b"103", b"103", b"200"], out[:500]
+        assert b"link: </style.css>; rel=preload; as=style" in out and out.endswith(b"final")
+
+
+def test_http2_under_gunicorn():
+    from test_http2 import RawH2
+
+    with gunicorn(APP, "-w", "1", "--http-protocols", "h2,h1", "--http2-cleartext", "prior-knowledge") as g:
+        c = RawH2(g.port)
+        sid = c.request("/hint")
+        h, body = c.response(sid)
+        assert (h[":status"], body) == (["200"], b"final")
+        assert len(informational(c, sid)) == 2
         c.close()
 
 

@@ -41,6 +41,7 @@ class RawH2:
         self.sock = sock or socket.create_connection(("127.0.0.1", port), timeout=10)
         config = h2config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False)
         self.conn = h2conn.H2Connection(config=config)
+        self._sent = b""
         self.conn.initiate_connection()
         self.flush()
         self.events: list = []
@@ -76,7 +77,20 @@ class RawH2:
     def flush(self) -> None:
         data = self.conn.data_to_send()
         if data:
+            self._sent += data
             self.sock.sendall(data)
+
+    def sent_frames(self) -> list:
+        """Every frame this client has sent (after the preface)."""
+        from hyperframe.frame import Frame
+
+        buf, out = self._sent[24:], []
+        while len(buf) >= 9:
+            frame, length = Frame.parse_frame_header(memoryview(buf[:9]))
+            frame.parse_body(memoryview(buf[9 : 9 + length]))
+            out.append(frame)
+            buf = buf[9 + length :]
+        return out
 
     def request(self, path: str, *, method: str = "GET", extra=(), authority: bool = True, end: bool = True) -> int:
         sid = self.conn.get_next_available_stream_id()

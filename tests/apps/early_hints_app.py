@@ -13,6 +13,7 @@ extension) and Gunicorn's ``http.response.informational``.
 ``/big``          4 MiB in one body (for pipelining behind a hint).
 ``/bad?mode=``    invalid messages; ``/errors`` lists what send() raised.
 ``/extensions``   the scope's extension names.
+``/headers``      the scope's headers, as ``[[name, value], ...]``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ async def app(scope, receive, send):
                 return
     path = scope["path"]
     query = scope["query_string"].decode()
+    if path == "/headers":
+        return await text(send, json.dumps([[k.decode(), v.decode()] for k, v in scope["headers"]]).encode())
     if path == "/extensions":
         return await text(send, json.dumps(sorted(scope.get("extensions") or {})).encode())
     if path == "/state":
@@ -109,6 +112,10 @@ async def app(scope, receive, send):
             await send({"type": "http.response.start", "status": 200, "headers": []})
         return await send({"type": "http.response.body", "body": b"after"})
     if path == "/page":
+        if query.startswith("pause="):
+            # As an app that looks something up first would: the hint then
+            # reaches a browser that is ready for it (see the browser test).
+            await asyncio.sleep(float(query.removeprefix("pause=")))
         await send({"type": "http.response.early_hint", "links": LINKS[:1]})
         try:
             await asyncio.wait_for(style_fetched.wait(), 5)

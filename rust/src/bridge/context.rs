@@ -51,8 +51,9 @@ pub(crate) struct AppContext {
     /// gets a shallow copy (one dict copy costs far less than building the
     /// extensions' dicts anew).
     pub(crate) http_extensions: Py<PyDict>,
-    /// `http_extensions` plus those served on HTTP/1.1 only.
-    pub(crate) http11_extensions: Py<PyDict>,
+    /// `http_extensions` plus early hints, for requests whose client can
+    /// receive interim responses (HTTP/1.1, HTTP/2; not HTTP/1.0).
+    pub(crate) interim_extensions: Py<PyDict>,
     /// The same for WebSocket scopes.
     pub(crate) ws_extensions: Py<PyDict>,
     /// `scope["asgi"]` for lifespan scopes.
@@ -122,10 +123,10 @@ impl AppContext {
         http_extensions.set_item("http.response.pathsend", PyDict::new(py))?;
         http_extensions.set_item("http.response.zerocopysend", PyDict::new(py))?;
         http_extensions.set_item("http.response.trailers", PyDict::new(py))?;
-        // Early hints (`http.response.early_hint`) reach HTTP/1.1 clients
-        // only (see `http::interim`).
-        let http11_extensions = http_extensions.copy()?;
-        http11_extensions.set_item("http.response.early_hint", PyDict::new(py))?;
+        // Early hints (`http.response.early_hint`) reach HTTP/1.1 and
+        // HTTP/2 clients, not HTTP/1.0 ones (see `http::interim`).
+        let interim_extensions = http_extensions.copy()?;
+        interim_extensions.set_item("http.response.early_hint", PyDict::new(py))?;
         let ws_extensions = PyDict::new(py);
         ws_extensions.set_item("websocket.http.response", PyDict::new(py))?;
 
@@ -162,7 +163,7 @@ impl AppContext {
             http_template: t.unbind(),
             ws_template: ws_template.unbind(),
             http_extensions: http_extensions.unbind(),
-            http11_extensions: http11_extensions.unbind(),
+            interim_extensions: interim_extensions.unbind(),
             ws_extensions: ws_extensions.unbind(),
             asgi_lifespan: asgi_lifespan.unbind(),
             state: PyDict::new(py).unbind(),

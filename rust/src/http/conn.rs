@@ -104,8 +104,11 @@ pub(crate) struct ConnCtx {
     /// hyper's read, parked on a hidden end of stream (see
     /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
     pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
-    /// Interim (1xx) responses on their way past hyper (HTTP/1.1).
-    pub(crate) interim: InterimSlot,
+    /// Interim (1xx) responses on their way past hyper: the connection's,
+    /// shared by its HTTP/2 streams.
+    pub(crate) interim: Arc<InterimSlot>,
+    /// HTTP/2: the stream this context is for (see `h2io`).
+    pub(crate) h2_stream: Option<u32>,
 }
 
 impl ConnCtx {
@@ -121,10 +124,21 @@ impl ConnCtx {
         }
     }
 
+    /// Whether an interim response can reach this request's client: on
+    /// HTTP/1.1, and on HTTP/2 streams whose id is known on a connection
+    /// that has not turned them off (see `h2io`); never on HTTP/1.0.
+    pub(crate) fn sends_interim(&self, version: http::Version) -> bool {
+        match version {
+            http::Version::HTTP_11 => true,
+            http::Version::HTTP_2 => self.h2_stream.is_some() && !self.interim.is_off(),
+            _ => false,
+        }
+    }
+
     /// The context of one HTTP/2 stream: the connection's facts, its own
     /// [`Activity`] (the stream's deadlines). The connection's slot under
     /// the limit stays with the connection.
-    pub(crate) fn for_stream(&self) -> ConnCtx {
+    pub(crate) fn for_stream(&self, stream: Option<u32>) -> ConnCtx {
         ConnCtx {
             shared: Arc::clone(&self.shared),
             listener: Arc::clone(&self.listener),
@@ -135,7 +149,8 @@ impl ConnCtx {
             upgrade: Mutex::new(None),
             tls: self.tls.clone(),
             eof_waker: Mutex::new(None),
-            interim: InterimSlot::default(),
+            interim: Arc::clone(&self.interim),
+            h2_stream: stream,
         }
     }
 }
@@ -277,7 +292,8 @@ pub(crate) async fn serve<I>(
         upgrade: Mutex::new(None),
         tls,
         eof_waker: Mutex::new(None),
-        interim: InterimSlot::default(),
+        interim: Arc::default(),
+        h2_stream: None,
     });
     let mut io = ConnIo {
         inner: io,

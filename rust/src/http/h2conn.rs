@@ -52,6 +52,7 @@ use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
 use crate::http::body::ResponseBody;
 use crate::http::conn::{ConnCtx, DRAIN_IDLE};
 use crate::http::exchange::Aborted;
+use crate::http::h2io::{self, H2Io};
 use crate::http::io::{ConnIo, Readiness};
 use crate::http::service;
 use crate::server::connections::{Member, Order};
@@ -177,7 +178,12 @@ pub(crate) fn builder(h: &Http2, cfg: &Config, tracker: TaskTracker) -> http2::B
                 .clamp(65535, (1 << 31) - 1),
         )
         .max_frame_size(h.max_frame_size)
-        .max_header_list_size(h.max_header_list_size)
+        // The stream-id field `h2io` adds to each request is not the
+        // client's to pay for.
+        .max_header_list_size(
+            h.max_header_list_size
+                .saturating_add(h2io::STREAM_FIELD_COST),
+        )
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
         .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS)
         // Per stream; the exchange's send buffer bounds what the app queues.
@@ -496,7 +502,8 @@ where
         let ctx = Arc::clone(ctx);
         let streams = Arc::clone(&streams);
         service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            let stream = Arc::new(ctx.for_stream());
+            let id = h2io::take_stream_id(req.headers_mut());
+            let stream = Arc::new(ctx.for_stream(id));
             stream.activity.start_request();
             let guard = StreamGuard::new(&streams);
             let upgrade =
@@ -511,7 +518,7 @@ where
             }
         })
     };
-    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), svc));
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(H2Io::new(io)), svc));
     let keepalive = ctx.shared.config.keepalive_timeout.as_millis() as u64;
     // While streams are open the idle timer only looks in this often (a
     // stream closing does not wake the connection task).

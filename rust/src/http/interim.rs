@@ -1,17 +1,22 @@
-//! Interim (1xx) responses on HTTP/1.1: `103 Early Hints` (RFC 8297) and
-//! the other informational responses of RFC 9110 §15.2 an app may send
-//! before its final response.
+//! Interim (1xx) responses: `103 Early Hints` (RFC 8297) and the other
+//! informational responses of RFC 9110 §15.2 an app may send before its
+//! final response, on HTTP/1.1 and HTTP/2.
 //!
 //! hyper's server has no API for them, so the bytes go past hyper, straight
 //! into the connection's [`ConnIo`](crate::http::io::ConnIo). They must not
-//! land inside an earlier pipelined response that hyper still buffers: they
-//! are written only from `poll_flush`, which hyper calls once its own write
-//! buffer is empty, and the request's service waits until they are on the
-//! wire before it hands hyper the final head. Nothing else reaches hyper's
-//! buffer in between but its own `100 Continue`, a whole 1xx as well.
+//! land inside a message hyper is still writing: they are written only from
+//! `poll_flush`, which hyper calls once its own write buffer is empty —
+//! on HTTP/1.1 between responses (nothing else reaches hyper's buffer
+//! before the final head but its own `100 Continue`, a whole 1xx as well),
+//! on HTTP/2 between whole frames (h2 flushes its transport only after the
+//! last CONTINUATION of a header block). The request's service waits until
+//! they are on the wire before it hands hyper the final head, so they
+//! always precede it.
 //!
-//! HTTP/2 interim responses are not sent: hyper's HTTP/2 server does not
-//! expose the stream (hyper PR #4114 would add this).
+//! On HTTP/2 each interim response is a HEADERS frame (RFC 9113 §8.1) on
+//! the request's stream, whose id [`h2io`](crate::http::h2io) learns; its
+//! field block uses only HPACK literals without indexing (RFC 7541 §6.2.2),
+//! which leave the connection's compression state as h2 keeps it.
 
 use std::fmt::Write as _;
 use std::io;
@@ -28,23 +33,33 @@ use tokio::io::AsyncWrite;
 /// the app's `send()` waits until the Tokio side took them.
 pub(crate) const MAX_QUEUED: usize = 16;
 
-/// One connection's interim bytes on their way to the socket.
+/// One connection's interim bytes on their way to the socket (shared by
+/// the streams of an HTTP/2 connection).
 #[derive(Default)]
 pub(crate) struct InterimSlot {
     /// Bytes are waiting (a lock-free check for every flush).
     pending: AtomicBool,
+    /// HTTP/2: the client shrank its HPACK dynamic table (see
+    /// [`h2io`](crate::http::h2io)); interim responses are dropped on
+    /// this connection from then on.
+    off: AtomicBool,
     st: Mutex<SlotState>,
 }
 
 #[derive(Default)]
 struct SlotState {
-    /// Not yet written.
+    /// Not yet written: whole interim responses (HTTP/2: whole frames),
+    /// one after the other.
     bytes: Bytes,
     /// Part of `bytes` is on the wire: nothing of hyper's may follow until
     /// the rest is.
     started: bool,
-    /// The service waiting for the bytes to be written.
-    waker: Option<Waker>,
+    /// The services waiting for the bytes to be written (on HTTP/2, at most
+    /// one per open stream).
+    waiters: Vec<Waker>,
+    /// HTTP/2: the connection's task, whose next poll flushes (its streams'
+    /// services run in tasks of their own).
+    flusher: Option<Waker>,
 }
 
 impl InterimSlot {
@@ -57,17 +72,49 @@ impl InterimSlot {
         if st.bytes.is_empty() {
             return Poll::Ready(());
         }
-        st.waker = Some(cx.waker().clone());
+        if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            st.waiters.push(cx.waker().clone());
+        }
         Poll::Pending
     }
 
-    /// Service side: queues `bytes` for the next flush; the caller then
-    /// waits with [`poll_free`](Self::poll_free).
+    /// Service side: queues `bytes` (whole interim responses) behind any
+    /// already waiting, and wakes the connection's task to flush them; the
+    /// caller then waits with [`poll_free`](Self::poll_free).
     pub(crate) fn load(&self, bytes: Bytes) {
         let mut st = self.st.lock();
-        st.bytes = bytes;
-        st.started = false;
+        if st.bytes.is_empty() {
+            st.bytes = bytes;
+            st.started = false;
+        } else {
+            let mut b = BytesMut::with_capacity(st.bytes.len() + bytes.len());
+            b.extend_from_slice(&st.bytes);
+            b.extend_from_slice(&bytes);
+            st.bytes = b.freeze();
+        }
         self.pending.store(true, Ordering::Release);
+        if let Some(w) = &st.flusher {
+            w.wake_by_ref();
+        }
+    }
+
+    /// HTTP/2 transport side: the connection's task, to wake when bytes
+    /// are loaded (registered whenever its read of the socket waits).
+    pub(crate) fn set_flusher(&self, waker: &Waker) {
+        let mut st = self.st.lock();
+        if !st.flusher.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            st.flusher = Some(waker.clone());
+        }
+    }
+
+    /// HTTP/2: no interim response is sent on this connection any more.
+    pub(crate) fn turn_off(&self) {
+        self.off.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether interim responses are dropped on this connection.
+    pub(crate) fn is_off(&self) -> bool {
+        self.off.load(Ordering::Relaxed)
     }
 
     /// Whether bytes wait to be written (no lock taken).
@@ -105,7 +152,7 @@ impl InterimSlot {
         }
         st.started = false;
         self.pending.store(false, Ordering::Release);
-        if let Some(w) = st.waker.take() {
+        for w in st.waiters.drain(..) {
             w.wake();
         }
         Poll::Ready(Ok(()))
@@ -132,10 +179,144 @@ pub(crate) fn encode_h1(responses: &[(StatusCode, HeaderMap)]) -> Bytes {
     out.freeze()
 }
 
+/// HTTP/2 frame types and flags used here (RFC 9113 §6.2, §6.10).
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+
+/// The largest frame payload every peer accepts (the initial
+/// `SETTINGS_MAX_FRAME_SIZE`, RFC 9113 §6.5.2).
+const MAX_FRAME: usize = 16_384;
+
+/// HPACK static table indexes (RFC 7541 Appendix A).
+const STATIC_STATUS: usize = 8;
+const STATIC_LINK: usize = 45;
+
+/// Fields RFC 9113 §8.2.2 forbids in HTTP/2 messages: left out.
+fn connection_specific(name: &http::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
+    )
+}
+
+/// An HPACK integer with an `n`-bit prefix after the `flags` bits of its
+/// first octet (RFC 7541 §5.1).
+pub(crate) fn hpack_int(out: &mut Vec<u8>, flags: u8, n: u32, mut v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.push(flags | v as u8);
+        return;
+    }
+    out.push(flags | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+/// An HPACK string literal, not Huffman-coded (RFC 7541 §5.2).
+pub(crate) fn hpack_str(out: &mut Vec<u8>, s: &[u8]) {
+    hpack_int(out, 0, 7, s.len());
+    out.extend_from_slice(s);
+}
+
+/// A literal field without indexing with a new name (RFC 7541 §6.2.2): it
+/// changes no decoder's dynamic table.
+pub(crate) fn hpack_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.push(0);
+    hpack_str(out, name);
+    hpack_str(out, value);
+}
+
+/// An HTTP/2 frame header (RFC 9113 §4.1).
+pub(crate) fn frame_head(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream: u32) {
+    out.extend_from_slice(&(len as u32).to_be_bytes()[1..]);
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+}
+
+/// Encodes interim responses as HTTP/2 HEADERS frames on `stream` (RFC
+/// 9113 §8.1: any number of 1xx field blocks may precede the final one),
+/// a block larger than a frame continued in CONTINUATION frames.
+pub(crate) fn encode_h2(stream: u32, responses: &[(StatusCode, HeaderMap)]) -> Bytes {
+    let mut out = BytesMut::new();
+    for (status, headers) in responses {
+        let mut block = Vec::with_capacity(64);
+        hpack_int(&mut block, 0, 4, STATIC_STATUS);
+        hpack_str(&mut block, status.as_str().as_bytes());
+        for (name, value) in headers {
+            if connection_specific(name) {
+                continue;
+            }
+            if *name == http::header::LINK {
+                hpack_int(&mut block, 0, 4, STATIC_LINK);
+                hpack_str(&mut block, value.as_bytes());
+            } else {
+                hpack_literal(&mut block, name.as_str().as_bytes(), value.as_bytes());
+            }
+        }
+        let mut kind = HEADERS;
+        let mut rest = &block[..];
+        loop {
+            let (chunk, tail) = rest.split_at(rest.len().min(MAX_FRAME));
+            let flags = if tail.is_empty() { END_HEADERS } else { 0 };
+            frame_head(&mut out, chunk.len(), kind, flags, stream);
+            out.extend_from_slice(chunk);
+            if tail.is_empty() {
+                break;
+            }
+            rest = tail;
+            kind = CONTINUATION;
+        }
+    }
+    out.freeze()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::encode_h1;
+    use super::{encode_h1, encode_h2, hpack_int};
     use http::{HeaderMap, HeaderValue, StatusCode};
+
+    #[test]
+    fn hpack_integers_follow_rfc_7541_c1() {
+        // C.1.1-C.1.3: 10 and 1337 with a 5-bit prefix, 42 with 8 bits.
+        let mut b = Vec::new();
+        hpack_int(&mut b, 0, 5, 10);
+        hpack_int(&mut b, 0, 5, 1337);
+        hpack_int(&mut b, 0, 8, 42);
+        assert_eq!(b, [10, 31, 154, 10, 42]);
+    }
+
+    #[test]
+    fn h2_early_hints_are_one_headers_frame_of_literals() {
+        let mut h = HeaderMap::new();
+        h.append("link", HeaderValue::from_static("</a.css>; rel=preload"));
+        h.append("x-y", HeaderValue::from_static("z"));
+        h.append("connection", HeaderValue::from_static("close"));
+        let b = encode_h2(5, &[(StatusCode::EARLY_HINTS, h)]);
+        let mut block = vec![0x08, 3, b'1', b'0', b'3', 0x0f, 30, 21];
+        block.extend_from_slice(b"</a.css>; rel=preload");
+        block.extend_from_slice(&[0, 3, b'x', b'-', b'y', 1, b'z']);
+        let mut want = vec![0, 0, block.len() as u8, 0x1, 0x4, 0, 0, 0, 5];
+        want.extend_from_slice(&block);
+        assert_eq!(&b[..], &want[..]);
+    }
+
+    #[test]
+    fn h2_block_over_a_frame_is_continued() {
+        let mut h = HeaderMap::new();
+        let v = "x".repeat(20_000);
+        h.append("link", HeaderValue::from_str(&v).unwrap());
+        let b = encode_h2(1, &[(StatusCode::EARLY_HINTS, h)]);
+        let first = u32::from_be_bytes([0, b[0], b[1], b[2]]) as usize;
+        assert_eq!((first, b[3], b[4]), (16_384, 0x1, 0));
+        let next = &b[9 + first..];
+        let second = u32::from_be_bytes([0, next[0], next[1], next[2]]) as usize;
+        assert_eq!((next[3], next[4], next.len()), (0x9, 0x4, 9 + second));
+    }
 
     #[test]
     fn encodes_each_link_as_a_field_line() {

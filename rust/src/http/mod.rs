@@ -17,6 +17,7 @@ pub(crate) mod compress;
 pub(crate) mod conn;
 pub(crate) mod exchange;
 pub(crate) mod h2conn;
+pub(crate) mod h2io;
 pub(crate) mod interim;
 pub(crate) mod io;
 pub(crate) mod message;
@@ -39,8 +40,9 @@ use crate::http::service::HttpRequest;
 /// Never raises: a failure before the app runs is logged and answered 500.
 pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>) {
     let head = req.parts.method == http::Method::HEAD;
-    // Interim responses reach HTTP/1.1 clients only (see `interim`).
-    let interim = req.parts.version == http::Version::HTTP_11;
+    // Interim responses reach HTTP/1.1 clients and HTTP/2 streams (see
+    // `interim`), not HTTP/1.0 clients.
+    let interim = req.conn.sends_interim(req.parts.version);
     let built = scope::http_scope(py, ctx, &req);
     let HttpRequest {
         parts,

@@ -219,8 +219,8 @@ pub(crate) fn http_scope<'py>(
     if https.unwrap_or(req.conn.tls.is_some()) {
         put(&scope, &n.scheme, n.https.bind(py))?;
     }
-    let template = if req.parts.version == http::Version::HTTP_11 {
-        &ctx.http11_extensions
+    let template = if req.conn.sends_interim(req.parts.version) {
+        &ctx.interim_extensions
     } else {
         &ctx.http_extensions
     };

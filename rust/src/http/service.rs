@@ -417,9 +417,12 @@ pub(crate) async fn handle(
             match exch.poll_head(cx, &conn.shared) {
                 Poll::Ready(Awaited::Head(head)) => return Poll::Ready(head),
                 Poll::Ready(Awaited::Interim(list)) => {
-                    // Queued on HTTP/1.1 requests only (`HttpProtocol`
+                    // Queued only where they can be sent (`HttpProtocol`
                     // drops them elsewhere).
-                    conn.interim.load(interim::encode_h1(&list));
+                    conn.interim.load(match conn.h2_stream {
+                        Some(stream) => interim::encode_h2(stream, &list),
+                        None => interim::encode_h1(&list),
+                    });
                 }
                 Poll::Pending if conn.activity.peer_eof() && exch.is_gone() => {
                     // Told of the end of stream, the app gave up without an
