@@ -140,6 +140,11 @@ impl InterimSlot {
             return Poll::Ready(Ok(()));
         }
         let mut st = self.st.lock();
+        if self.is_off() && !st.started {
+            // HTTP/2, the client shrank its HPACK table since these were
+            // queued: they are whole frames, dropped whole (see `h2io`).
+            st.bytes = Bytes::new();
+        }
         while !st.bytes.is_empty() {
             let n = match Pin::new(&mut *io).poll_write(cx, &st.bytes) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),

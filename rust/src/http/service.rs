@@ -418,11 +418,13 @@ pub(crate) async fn handle(
                 Poll::Ready(Awaited::Head(head)) => return Poll::Ready(head),
                 Poll::Ready(Awaited::Interim(list)) => {
                     // Queued only where they can be sent (`HttpProtocol`
-                    // drops them elsewhere).
-                    conn.interim.load(match conn.h2_stream {
-                        Some(stream) => interim::encode_h2(stream, &list),
-                        None => interim::encode_h1(&list),
-                    });
+                    // drops them elsewhere; an HTTP/2 connection may have
+                    // turned them off since, see `h2io`).
+                    match conn.h2_stream {
+                        Some(_) if conn.interim.is_off() => {}
+                        Some(stream) => conn.interim.load(interim::encode_h2(stream, &list)),
+                        None => conn.interim.load(interim::encode_h1(&list)),
+                    }
                 }
                 Poll::Pending if conn.activity.peer_eof() && exch.is_gone() => {
                     // Told of the end of stream, the app gave up without an
