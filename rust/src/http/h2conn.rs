@@ -498,11 +498,13 @@ where
 {
     let streams = Arc::new(Streams::default());
     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
+    // Marks the stream-id fields of this connection's requests (see `h2io`).
+    let token = h2io::new_token();
     let svc = {
         let ctx = Arc::clone(ctx);
         let streams = Arc::clone(&streams);
         service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            let id = h2io::take_stream_id(req.headers_mut());
+            let id = h2io::take_stream_id(req.headers_mut(), token);
             let stream = Arc::new(ctx.for_stream(id));
             stream.activity.start_request();
             let guard = StreamGuard::new(&streams);
@@ -518,7 +520,7 @@ where
             }
         })
     };
-    let mut conn = pin!(builder.serve_connection(TokioIo::new(H2Io::new(io)), svc));
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(H2Io::new(io, token)), svc));
     let keepalive = ctx.shared.config.keepalive_timeout.as_millis() as u64;
     // While streams are open the idle timer only looks in this often (a
     // stream closing does not wake the connection task).

@@ -12,8 +12,10 @@
 //! flag moves to it. The field is an HPACK literal
 //! without indexing (RFC 7541 §6.2.2), so h2's decoder state is what the
 //! client's encoder expects; the service takes it out before anything else
-//! reads the request (a value the client sent itself under that name is
-//! taken out too, and the server's own comes last).
+//! reads the request. Its value is `<stream id>.<token>`, the token a random
+//! number of the connection's: a client that sends the field itself (or
+//! crafts a literal that swallows the server's) cannot name a stream, and
+//! its values are taken out too.
 //!
 //! The scan also watches the client's SETTINGS: a client that shrinks its
 //! HPACK dynamic table (`SETTINGS_HEADER_TABLE_SIZE` below 4,096, RFC 7541
@@ -44,7 +46,7 @@ pub(crate) static STREAM_FIELD: HeaderName = HeaderName::from_static("x-skirr-h2
 /// What the field costs in h2's header-list accounting (RFC 9113 §6.5.2:
 /// name, value, 32): added to `http2_max_header_list_size`, so that a
 /// client's limit is the one configured.
-pub(crate) const STREAM_FIELD_COST: u32 = 64;
+pub(crate) const STREAM_FIELD_COST: u32 = 96;
 
 const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
@@ -84,11 +86,14 @@ pub(crate) struct Scan {
     last_stream: u32,
     /// The client shrank its HPACK table.
     pub(crate) shrunk: bool,
+    /// The connection's token, in each stream-id field.
+    token: u64,
 }
 
 impl Scan {
-    /// A scanner at the start of a connection (the preface comes first).
-    pub(crate) fn new() -> Self {
+    /// A scanner at the start of a connection (the preface comes first),
+    /// marking stream ids with `token`.
+    pub(crate) fn new(token: u64) -> Self {
         Scan {
             preface: PREFACE.len(),
             head: [0; 9],
@@ -101,6 +106,7 @@ impl Scan {
             open_block: None,
             last_stream: 0,
             shrunk: false,
+            token,
         }
     }
 
@@ -155,12 +161,11 @@ impl Scan {
             && self.open_block == Some(stream)
         {
             self.open_block = None;
-            let mut digits = [0u8; 10];
-            let mut field = Vec::with_capacity(32);
+            let mut field = Vec::with_capacity(64);
             hpack_literal(
                 &mut field,
                 STREAM_FIELD.as_str().as_bytes(),
-                decimal(stream, &mut digits),
+                &field_value(stream, self.token),
             );
             // Padding comes last in a frame: the field cannot follow it.
             let padded = kind == HEADERS && flags & PADDED != 0;
@@ -214,7 +219,7 @@ impl Scan {
 }
 
 /// `n` in decimal, in `buf`.
-fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -226,17 +231,47 @@ fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
     }
 }
 
-/// Takes the stream id the transport put in a request's fields, and every
-/// value under that name (the last one is the server's).
-pub(crate) fn take_stream_id(headers: &mut HeaderMap) -> Option<u32> {
-    // One lookup: the entry's values in order, ours last.
-    match headers.entry(&STREAM_FIELD) {
-        Entry::Occupied(e) => {
-            let (_, values) = e.remove_entry_mult();
-            values.last().and_then(|v| v.to_str().ok()?.parse().ok())
-        }
-        Entry::Vacant(_) => None,
+/// The stream-id field's value: `<stream>.<token>`.
+fn field_value(stream: u32, token: u64) -> Vec<u8> {
+    let mut b = [0u8; 20];
+    let mut v = Vec::with_capacity(32);
+    v.extend_from_slice(decimal(stream.into(), &mut b));
+    v.push(b'.');
+    v.extend_from_slice(decimal(token, &mut b));
+    v
+}
+
+/// A connection's token for its stream-id fields: random (std's SipHash
+/// keys, seeded per process from the OS), so a client cannot guess it.
+pub(crate) fn new_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
+
+/// Takes every value of the stream-id field out of a request's fields and
+/// returns the stream id of the one that carries the connection's `token`
+/// (an odd id, as a client's streams are; RFC 9113 §5.1.1).
+pub(crate) fn take_stream_id(headers: &mut HeaderMap, token: u64) -> Option<u32> {
+    let Entry::Occupied(e) = headers.entry(&STREAM_FIELD) else {
+        return None;
+    };
+    let (_, values) = e.remove_entry_mult();
+    let mut b = [0u8; 20];
+    let tail = decimal(token, &mut b);
+    let mut found = None;
+    for v in values {
+        let v = v.as_bytes();
+        let Some(id) = v.strip_suffix(tail).and_then(|r| r.strip_suffix(b".")) else {
+            continue;
+        };
+        found = std::str::from_utf8(id)
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+            .filter(|id| id % 2 == 1);
     }
+    found
 }
 
 /// An HTTP/2 connection's socket: reads pass through [`Scan`]; writes go
@@ -252,12 +287,14 @@ pub(crate) struct H2Io<I> {
 }
 
 impl<I> H2Io<I> {
-    pub(crate) fn new(io: ConnIo<I>) -> Self {
+    /// The transport of one HTTP/2 connection whose stream-id fields carry
+    /// `token` (see [`new_token`]).
+    pub(crate) fn new(io: ConnIo<I>, token: u64) -> Self {
         let slot = Arc::clone(&io.conn.interim);
         H2Io {
             io,
             slot,
-            scan: Scan::new(),
+            scan: Scan::new(token),
             out: BytesMut::new(),
             raw: vec![0; 16 * 1024].into_boxed_slice(),
         }
@@ -271,6 +308,9 @@ impl<I: AsyncRead + Unpin> AsyncRead for H2Io<I> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(())); // nothing asked for: not an end of stream
+        }
         if this.out.is_empty() {
             let mut rb = ReadBuf::new(&mut this.raw[..]);
             match Pin::new(&mut this.io).poll_read(cx, &mut rb) {
@@ -280,6 +320,8 @@ impl<I: AsyncRead + Unpin> AsyncRead for H2Io<I> {
                     // stream's service loading an interim response wakes
                     // it to flush.
                     this.slot.set_flusher(cx.waker());
+                    // An idle connection keeps no scanned-bytes buffer.
+                    this.out = BytesMut::new();
                     return Poll::Pending;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -343,13 +385,12 @@ mod tests {
         b.to_vec()
     }
 
+    const TOKEN: u64 = 123_456_789_012;
+
     fn field(stream: u32) -> Vec<u8> {
         let mut block = Vec::new();
-        hpack_literal(
-            &mut block,
-            b"x-skirr-h2-stream",
-            stream.to_string().as_bytes(),
-        );
+        let value = format!("{stream}.{TOKEN}");
+        hpack_literal(&mut block, b"x-skirr-h2-stream", value.as_bytes());
         block
     }
 
@@ -362,16 +403,16 @@ mod tests {
     /// time: the output never depends on how the reads fall.
     fn scan_all_ways(input: &[u8]) -> Vec<u8> {
         let mut whole = BytesMut::new();
-        Scan::new().feed(input, &mut whole);
+        Scan::new(TOKEN).feed(input, &mut whole);
         for cut in 0..=input.len() {
             let mut out = BytesMut::new();
-            let mut s = Scan::new();
+            let mut s = Scan::new(TOKEN);
             s.feed(&input[..cut], &mut out);
             s.feed(&input[cut..], &mut out);
             assert_eq!(out, whole, "cut at {cut}");
         }
         let mut out = BytesMut::new();
-        let mut s = Scan::new();
+        let mut s = Scan::new(TOKEN);
         for b in input {
             s.feed(std::slice::from_ref(b), &mut out);
         }
@@ -426,7 +467,7 @@ mod tests {
     fn a_shrunk_hpack_table_is_noticed_an_ack_is_not() {
         let ack = frame(SETTINGS, ACK, 0, &[]);
         let input = [PRI, &ack[..], &frame(SETTINGS, 0, 0, &[0, 1, 0, 0, 16, 0])].concat();
-        let mut s = Scan::new();
+        let mut s = Scan::new(TOKEN);
         s.feed(&input, &mut BytesMut::new());
         assert!(!s.shrunk, "4096 is the initial size");
         s.feed(
@@ -437,19 +478,27 @@ mod tests {
     }
 
     #[test]
-    fn stream_ids_in_decimal() {
-        let mut b = [0; 10];
+    fn numbers_in_decimal() {
+        let mut b = [0; 20];
         assert_eq!(decimal(0, &mut b), b"0");
         assert_eq!(decimal(2_147_483_647, &mut b), b"2147483647");
-        assert_eq!(decimal(u32::MAX, &mut b), b"4294967295");
+        assert_eq!(decimal(u64::MAX, &mut b), b"18446744073709551615");
     }
 
     #[test]
-    fn the_servers_id_wins_over_the_clients() {
+    fn only_a_value_with_the_token_names_a_stream() {
         let mut h = HeaderMap::new();
         h.append(&STREAM_FIELD, "7".parse().unwrap());
-        h.append(&STREAM_FIELD, "5".parse().unwrap());
-        assert_eq!(take_stream_id(&mut h), Some(5));
+        h.append(&STREAM_FIELD, "9.1".parse().unwrap());
+        h.append(&STREAM_FIELD, format!("5.{TOKEN}").parse().unwrap());
+        h.append(&STREAM_FIELD, "11.x".parse().unwrap());
+        assert_eq!(take_stream_id(&mut h, TOKEN), Some(5));
+        assert!(h.is_empty());
+        // Even ids are the server's, never a request's.
+        h.append(&STREAM_FIELD, format!("4.{TOKEN}").parse().unwrap());
+        assert_eq!(take_stream_id(&mut h, TOKEN), None);
+        h.append(&STREAM_FIELD, "3".parse().unwrap());
+        assert_eq!(take_stream_id(&mut h, TOKEN), None);
         assert!(h.is_empty());
     }
 }

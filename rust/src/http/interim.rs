@@ -33,6 +33,11 @@ use tokio::io::AsyncWrite;
 /// the app's `send()` waits until the Tokio side took them.
 pub(crate) const MAX_QUEUED: usize = 16;
 
+/// Interim bytes a connection holds for a client that does not read them:
+/// past this, new ones are dropped (RFC 8297 lets a server send none). A
+/// single load is always taken into an empty slot.
+pub(crate) const MAX_SLOT_BYTES: usize = 64 * 1024;
+
 /// One connection's interim bytes on their way to the socket (shared by
 /// the streams of an HTTP/2 connection).
 #[derive(Default)]
@@ -54,48 +59,65 @@ struct SlotState {
     /// Part of `bytes` is on the wire: nothing of hyper's may follow until
     /// the rest is.
     started: bool,
-    /// The services waiting for the bytes to be written (on HTTP/2, at most
-    /// one per open stream).
-    waiters: Vec<Waker>,
+    /// Bytes ever queued, and ever written (or dropped): a load's end is a
+    /// position in that sequence, which its service waits for.
+    queued: u64,
+    written: u64,
+    /// The services waiting for their bytes, with the position each waits
+    /// for (on HTTP/2, one per stream that queued some).
+    waiters: Vec<(u64, Waker)>,
     /// HTTP/2: the connection's task, whose next poll flushes (its streams'
     /// services run in tasks of their own).
     flusher: Option<Waker>,
 }
 
 impl InterimSlot {
-    /// Service side: ready when nothing is waiting to be written.
-    pub(crate) fn poll_free(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.pending.load(Ordering::Acquire) {
+    /// Service side: ready once everything up to position `upto` (what
+    /// [`load`](Self::load) returned; 0: nothing queued) is on the wire. A
+    /// stream that queued nothing never waits for another's.
+    pub(crate) fn poll_written(&self, upto: u64, cx: &mut Context<'_>) -> Poll<()> {
+        if upto == 0 || !self.pending.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
         let mut st = self.st.lock();
-        if st.bytes.is_empty() {
+        if st.written >= upto {
             return Poll::Ready(());
         }
-        if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            st.waiters.push(cx.waker().clone());
+        match st.waiters.iter_mut().find(|(_, w)| w.will_wake(cx.waker())) {
+            Some(entry) => entry.0 = upto,
+            None => st.waiters.push((upto, cx.waker().clone())),
         }
         Poll::Pending
     }
 
     /// Service side: queues `bytes` (whole interim responses) behind any
-    /// already waiting, and wakes the connection's task to flush them; the
-    /// caller then waits with [`poll_free`](Self::poll_free).
-    pub(crate) fn load(&self, bytes: Bytes) {
+    /// already waiting, and wakes the connection's task to flush them.
+    /// Returns the position to wait for with
+    /// [`poll_written`](Self::poll_written), or `None` when the slot
+    /// already holds [`MAX_SLOT_BYTES`] for a client that is not reading
+    /// (the bytes are dropped).
+    pub(crate) fn load(&self, bytes: Bytes) -> Option<u64> {
+        let len = bytes.len() as u64;
         let mut st = self.st.lock();
         if st.bytes.is_empty() {
             st.bytes = bytes;
             st.started = false;
+        } else if st.bytes.len() + bytes.len() > MAX_SLOT_BYTES {
+            tracing::debug!("interim responses dropped: the client is not reading earlier ones");
+            return None;
         } else {
             let mut b = BytesMut::with_capacity(st.bytes.len() + bytes.len());
             b.extend_from_slice(&st.bytes);
             b.extend_from_slice(&bytes);
             st.bytes = b.freeze();
         }
+        st.queued += len;
+        let end = st.queued;
         self.pending.store(true, Ordering::Release);
         if let Some(w) = &st.flusher {
             w.wake_by_ref();
         }
+        Some(end)
     }
 
     /// HTTP/2 transport side: the connection's task, to wake when bytes
@@ -156,8 +178,9 @@ impl InterimSlot {
             st.started = true;
         }
         st.started = false;
+        st.written = st.queued;
         self.pending.store(false, Ordering::Release);
-        for w in st.waiters.drain(..) {
+        for (_, w) in st.waiters.drain(..) {
             w.wake();
         }
         Poll::Ready(Ok(()))
@@ -282,8 +305,33 @@ pub(crate) fn encode_h2(stream: u32, responses: &[(StatusCode, HeaderMap)]) -> B
 
 #[cfg(test)]
 mod tests {
-    use super::{encode_h1, encode_h2, hpack_int};
+    use super::{encode_h1, encode_h2, hpack_int, InterimSlot, MAX_SLOT_BYTES};
+    use bytes::Bytes;
     use http::{HeaderMap, HeaderValue, StatusCode};
+    use std::task::{Context, Poll, Waker};
+
+    #[test]
+    fn each_load_waits_for_its_own_bytes_and_a_full_slot_drops() {
+        let slot = InterimSlot::default();
+        let mut cx = Context::from_waker(Waker::noop());
+        let a = slot.load(Bytes::from_static(b"aaa")).unwrap();
+        let b = slot.load(Bytes::from_static(b"bb")).unwrap();
+        assert_eq!((a, b), (3, 5));
+        // A stream that queued nothing does not wait for the others.
+        assert!(slot.poll_written(0, &mut cx).is_ready());
+        assert!(slot.poll_written(a, &mut cx).is_pending());
+        let mut wire = Vec::new();
+        assert!(matches!(
+            slot.poll_write_to(&mut wire, &mut cx),
+            Poll::Ready(Ok(()))
+        ));
+        assert_eq!(wire, b"aaabb");
+        assert!(slot.poll_written(b, &mut cx).is_ready());
+        // A client that reads nothing: one big load is taken, then no more.
+        let big = Bytes::from(vec![b'x'; MAX_SLOT_BYTES + 1]);
+        assert!(slot.load(big).is_some());
+        assert!(slot.load(Bytes::from_static(b"c")).is_none());
+    }
 
     #[test]
     fn hpack_integers_follow_rfc_7541_c1() {

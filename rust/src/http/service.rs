@@ -405,6 +405,9 @@ pub(crate) async fn handle(
         conn: Arc::clone(&conn),
         received,
     })));
+    // Where this request's interim responses end in the connection's
+    // interim bytes (0: none queued).
+    let mut interim_upto = 0u64;
     let head = poll_fn(|cx| {
         check_deadlines(&conn, &exch);
         if conn.activity.peer_eof() {
@@ -412,18 +415,21 @@ pub(crate) async fn handle(
         }
         pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
         loop {
-            // Interim responses already queued reach the wire first.
-            std::task::ready!(conn.interim.poll_free(cx));
+            // This request's interim responses reach the wire first.
+            std::task::ready!(conn.interim.poll_written(interim_upto, cx));
             match exch.poll_head(cx, &conn.shared) {
                 Poll::Ready(Awaited::Head(head)) => return Poll::Ready(head),
                 Poll::Ready(Awaited::Interim(list)) => {
                     // Queued only where they can be sent (`HttpProtocol`
                     // drops them elsewhere; an HTTP/2 connection may have
                     // turned them off since, see `h2io`).
-                    match conn.h2_stream {
-                        Some(_) if conn.interim.is_off() => {}
+                    let loaded = match conn.h2_stream {
+                        Some(_) if conn.interim.is_off() => None,
                         Some(stream) => conn.interim.load(interim::encode_h2(stream, &list)),
                         None => conn.interim.load(interim::encode_h1(&list)),
+                    };
+                    if let Some(end) = loaded {
+                        interim_upto = end;
                     }
                 }
                 Poll::Pending if conn.activity.peer_eof() && exch.is_gone() => {
