@@ -444,12 +444,21 @@ def test_usr1_reopens_log_files_after_rotation(tmp_path):
         access.rename(tmp_path / "access.log.1")
         g.send_signal(signal.SIGUSR1)
         wait_until(lambda: access.exists(), what="reopened file")
-        # The worker reopens too (the master forwards USR1).
-        wait_until(
-            lambda: request(g.port, "GET", "/after-rotation") and "/after-rotation" in access.read_text(),
-            what="new line in new file",
-        )
-        assert "/after-rotation" not in (tmp_path / "access.log.1").read_text()
+        # The worker reopens too (the master forwards USR1, so the master's
+        # new file can exist a moment before the worker writes to it):
+        # probe until a line reaches the new file.
+        probes = iter(range(1_000_000))
+
+        def probe_lands_in_new_file() -> bool:
+            n = next(probes)
+            request(g.port, "GET", f"/after-rotation-{n}")
+            return f"/after-rotation-{n} " in access.read_text()
+
+        wait_until(probe_lands_in_new_file, what="a new line in the new file")
+        # From then on nothing goes to the old file.
+        request(g.port, "GET", "/after-reopen")
+        wait_until(lambda: "/after-reopen" in access.read_text(), what="the next line in the new file")
+        assert "/after-reopen" not in (tmp_path / "access.log.1").read_text()
 
 
 # ----------------------------------------------------------------- signals under load
