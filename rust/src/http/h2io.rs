@@ -36,7 +36,9 @@ use http::header::{Entry, HeaderMap, HeaderName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::http::h2conn::PREFACE;
-use crate::http::interim::{frame_head, hpack_literal, InterimSlot};
+use crate::http::interim::{
+    frame_head, hpack_literal, InterimSlot, CONTINUATION, END_HEADERS, HEADERS, MAX_FRAME,
+};
 use crate::http::io::ConnIo;
 
 /// The field carrying a request's stream id from the transport to the
@@ -48,15 +50,9 @@ pub(crate) static STREAM_FIELD: HeaderName = HeaderName::from_static("x-skirr-h2
 /// client's limit is the one configured.
 pub(crate) const STREAM_FIELD_COST: u32 = 96;
 
-const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
-const CONTINUATION: u8 = 0x9;
-const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const ACK: u8 = 0x1;
-
-/// The largest frame a client may send before it has our SETTINGS.
-const MAX_FRAME: usize = 16_384;
 const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
 
 /// The frame scanner: fed the client's bytes in any pieces, it writes

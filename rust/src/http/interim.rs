@@ -207,14 +207,16 @@ pub(crate) fn encode_h1(responses: &[(StatusCode, HeaderMap)]) -> Bytes {
     out.freeze()
 }
 
-/// HTTP/2 frame types and flags used here (RFC 9113 §6.2, §6.10).
-const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
-const END_HEADERS: u8 = 0x4;
+/// HTTP/2 frame types and flags used here and by `h2io` (RFC 9113 §6.2,
+/// §6.10).
+pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const CONTINUATION: u8 = 0x9;
+pub(crate) const END_HEADERS: u8 = 0x4;
 
 /// The largest frame payload every peer accepts (the initial
-/// `SETTINGS_MAX_FRAME_SIZE`, RFC 9113 §6.5.2).
-const MAX_FRAME: usize = 16_384;
+/// `SETTINGS_MAX_FRAME_SIZE`, RFC 9113 §6.5.2), and so the largest a client
+/// may send before it has our SETTINGS.
+pub(crate) const MAX_FRAME: usize = 16_384;
 
 /// HPACK static table indexes (RFC 7541 Appendix A).
 const STATIC_STATUS: usize = 8;
