@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from harness import PY, ROOT, _env, listening_socket, request, wait_until
