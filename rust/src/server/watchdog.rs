@@ -53,8 +53,9 @@ pub(crate) struct Watchdog {
     stalled: AtomicBool,
     /// The state, for acceptors to wait on: `true` while stalled.
     state: watch::Sender<bool>,
-    /// Longest gap between two turns seen while serving (ms), and how many
-    /// stalls there were: logged at exit, for choosing the bound.
+    /// Longest time between two turns outside stalls (ms: the tick
+    /// interval plus the loop's lateness), and how many stalls there were:
+    /// logged at exit, for choosing the bound.
     longest_gap: AtomicU64,
     stalls: AtomicU64,
 }
@@ -85,7 +86,12 @@ impl Watchdog {
 
     /// The loop turned: called on the asyncio thread.
     pub(crate) fn turned(&self) {
-        self.last_turn.store(clock_ms(), Ordering::Relaxed);
+        let now = clock_ms();
+        let prev = self.last_turn.swap(now, Ordering::Relaxed);
+        if prev != 0 && !self.is_stalled() {
+            self.longest_gap
+                .fetch_max(now.saturating_sub(prev), Ordering::Relaxed);
+        }
     }
 
     /// Whether the loop is stalled now (always false when off).
@@ -123,7 +129,6 @@ impl Watchdog {
                 // Again at every check: requests queued since the last.
                 refuse_queued(&shared);
             } else {
-                w.longest_gap.fetch_max(gap, Ordering::Relaxed);
                 if w.stalled.swap(false, Ordering::SeqCst) {
                     w.state.send_replace(false);
                     tracing::warn!("the event loop runs again: accepting");
@@ -137,7 +142,7 @@ impl Watchdog {
     pub(crate) fn summary(&self) -> Option<String> {
         self.enabled().then(|| {
             format!(
-                "loop watchdog: longest gap between turns {} ms (checked every {} ms), {} stall(s)",
+                "loop watchdog: longest time between two turns {} ms (a turn every {} ms), {} stall(s)",
                 self.longest_gap.load(Ordering::Relaxed),
                 self.tick_interval().as_millis(),
                 self.stalls.load(Ordering::Relaxed)
