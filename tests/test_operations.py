@@ -108,6 +108,32 @@ def test_limit_concurrency_refuses_with_503_and_health_stays_200_under_gunicorn(
         wait_until(lambda: '"GET /scope?probe HTTP/1.1" 503' in g.logs(), what="the 503 in the access log")
 
 
+def test_limit_concurrency_refuses_one_http2_stream_not_the_connection():
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("h2")
+    h2c = ("--http-protocols", "h2,h1", "--http2-cleartext", "prior-knowledge")
+    with skirr(APP, "--limit-concurrency", "1", "--health-path", "/_health", *h2c) as s:
+        with RawConn(s.port, timeout=15) as slow:
+            slow.send(b"GET /sleep?secs=3&tag=slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            wait_until(lambda: health(s.port) == (200, "ok") and _sleeping(s.port), what="the slow request in the app")
+            # One connection, two streams: the app's path is refused, the health path answered.
+            with httpx.Client(base_url=s.url, http1=False, http2=True, timeout=10) as client:
+                refused = client.get("/pid")
+                ok = client.get("/_health")
+            assert (refused.http_version, refused.status_code, refused.headers["retry-after"]) == ("HTTP/2", 503, "1")
+            assert (ok.http_version, ok.status_code, ok.json()) == ("HTTP/2", 200, {"status": "ok"})
+            assert slow.read_response().status == 200
+        assert "/pid" not in paths(s.port)
+
+
+def _sleeping(port: int) -> bool:
+    """Whether the slow request reached the app (asked on the health path's
+    side: ``/paths`` would need a slot of its own)."""
+    with RawConn(port) as c:
+        c.send(b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n")
+        return c.read_response().status == 503
+
+
 def test_health_turns_503_while_the_loop_is_blocked_under_gunicorn():
     env = {**HEALTH, "SKIRR_LOOP_STALL_TIMEOUT": "0.5"}
     with gunicorn(APP, "-w", "1", "--timeout", "30", env=env) as g:

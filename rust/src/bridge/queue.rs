@@ -174,6 +174,9 @@ impl PyQueue {
     /// the batch being handled, into `out` (the Tokio side, when the loop
     /// is stalled: the asyncio thread takes each event from under the same
     /// locks, so a request is either started or taken here, never both).
+    // Boxed as in `Event`: each goes back into the queue as an
+    // `Event::Access` without a new allocation.
+    #[allow(clippy::vec_box)]
     pub(crate) fn take_unstarted(&self, out: &mut Vec<Box<HttpRequest>>) {
         let mut split = |e: Event, keep: &mut dyn FnMut(Event)| match e {
             Event::Http(req) => out.push(req),
