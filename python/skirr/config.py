@@ -170,6 +170,13 @@ def _seconds(v: Any) -> float:
     return f
 
 
+def _health_path(v: Any) -> str | None:
+    p = _optional_str(v)
+    if p is not None and not p.startswith("/"):
+        raise ValueError(f"must be a path starting with '/', got {p!r}")
+    return p
+
+
 @dataclass(frozen=True)
 class Option:
     """One option: ``name``, its ``default``, a ``parse`` function
@@ -310,6 +317,33 @@ OPTIONS: tuple[Option, ...] = (
         0.0,
         _seconds,
         "answer 503 when the app has not started its response after this (seconds; 0: never)",
+    ),
+    Option(
+        "loop_stall_timeout",
+        2.0,
+        _seconds,
+        "an event loop that has not turned for this long stops the worker accepting; requests not yet"
+        " in the app get 503 + Retry-After until it turns again (seconds; 0: never)",
+    ),
+    Option(
+        "health_path",
+        None,
+        _health_path,
+        "a path (e.g. /_health) Skirr answers itself, never the app: 200 {\"status\": \"ok\"}, or 503 while"
+        " starting, draining or with the loop stalled; not logged, outside every limit (default: off)",
+    ),
+    Option(
+        "drain_delay",
+        0.0,
+        _seconds,
+        "on SIGTERM, keep accepting and serving this long (the health path answers 503) before draining;"
+        " must be shorter than graceful_timeout (seconds)",
+    ),
+    Option(
+        "limit_concurrency",
+        0,
+        _nonneg_int,
+        "most HTTP requests in progress per worker; more are answered 503 + Retry-After (0: no limit)",
     ),
     Option(
         "proxy_headers",
@@ -502,6 +536,11 @@ def resolve(
             out[opt.name] = opt.parse(raw)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"invalid {source}: {e}") from None
+    if out["drain_delay"] and out["drain_delay"] >= out["graceful_timeout"]:
+        raise ConfigError(
+            f"drain_delay ({out['drain_delay']:g} s) must be shorter than graceful_timeout"
+            f" ({out['graceful_timeout']:g} s): the worker drains after the delay, within the graceful timeout"
+        )
     return out
 
 

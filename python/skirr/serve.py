@@ -242,6 +242,15 @@ def serve(
                 loop.call_later(interval, beat)
 
         loop.call_soon(beat)
+    tick = server.loop_tick_interval
+    if tick is not None:
+        # The loop watchdog's stamp (rust/src/server/watchdog.rs): a timer
+        # that runs late is a loop that does not turn.
+        def turned() -> None:
+            server.loop_turned()
+            loop.call_later(tick, turned)
+
+        loop.call_soon(turned)
     thread = threading.Thread(target=_run_loop, args=(loop,), name="skirr-asyncio", daemon=True)
     thread.start()
     if on_server is not None:

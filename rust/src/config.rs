@@ -115,6 +115,22 @@ pub struct Config {
     /// request head arrived is answered 503 for it. Zero (the default)
     /// disables.
     pub response_start_timeout: Duration,
+    /// The loop watchdog's bound: an asyncio loop that has not turned for
+    /// this long counts as stalled, and the worker stops taking work (see
+    /// [`watchdog`](crate::server::watchdog)) until it turns again. Zero
+    /// disables. Default 2 s (`loop_stall_timeout`).
+    pub loop_stall_timeout: Duration,
+    /// A path the server answers itself (see
+    /// [`health`](crate::server::health)); `None` (the default): off.
+    pub health_path: Option<String>,
+    /// On SIGTERM, how long the worker keeps accepting and serving, with
+    /// the health path answering 503, before it drains. Must be shorter
+    /// than `graceful_timeout`. Default zero.
+    pub drain_delay: Duration,
+    /// Most HTTP requests in progress per worker; more are answered 503
+    /// (see [`concurrency`](crate::server::concurrency)). 0 (the
+    /// default): no limit.
+    pub limit_concurrency: usize,
     /// Forwarding headers from trusted proxies; `None` ignores them.
     /// Default: trust 127.0.0.1 and ::1, Gunicorn's `secure_scheme_headers`.
     pub proxy: Option<ProxyConfig>,
@@ -292,6 +308,10 @@ impl Default for Config {
             body_read_timeout: Duration::from_secs(30),
             send_timeout: Duration::from_secs(60),
             response_start_timeout: Duration::ZERO,
+            loop_stall_timeout: Duration::from_secs(2),
+            health_path: None,
+            drain_delay: Duration::ZERO,
+            limit_concurrency: 0,
             proxy: Some(default_proxy()),
             tls: None,
             tls_handshake_timeout: Duration::from_secs(10),
@@ -420,6 +440,19 @@ impl Config {
                 "body_read_timeout" => c.body_read_timeout = secs(&v, key)?,
                 "send_timeout" => c.send_timeout = secs(&v, key)?,
                 "response_start_timeout" => c.response_start_timeout = secs(&v, key)?,
+                "loop_stall_timeout" => c.loop_stall_timeout = secs(&v, key)?,
+                "health_path" => {
+                    c.health_path = v.extract::<Option<String>>()?.filter(|p| !p.is_empty());
+                    if let Some(p) = &c.health_path {
+                        if !p.starts_with('/') {
+                            return Err(PyValueError::new_err(format!(
+                                "option 'health_path' must start with '/', got {p:?}"
+                            )));
+                        }
+                    }
+                }
+                "drain_delay" => c.drain_delay = secs(&v, key)?,
+                "limit_concurrency" => c.limit_concurrency = count(&v, key)?,
                 "proxy_headers" => proxy_on = v.extract()?,
                 "forwarded_allow_ips" => {
                     let list = str_list(&v, key)?.join(",");
@@ -537,6 +570,13 @@ impl Config {
                     )))
                 }
             }
+        }
+        if !c.drain_delay.is_zero() && c.drain_delay >= c.graceful_timeout {
+            return Err(PyValueError::new_err(format!(
+                "drain_delay ({:?}) must be shorter than graceful_timeout ({:?}): the worker \
+                 drains after the delay, within the graceful timeout",
+                c.drain_delay, c.graceful_timeout
+            )));
         }
         c.proxy = proxy_on.then_some(proxy);
         if !compression.codings.is_empty() {

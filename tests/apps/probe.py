@@ -19,6 +19,8 @@ EVENTS: list = []
 IMPORT_PID = os.getpid()
 RELEASE: dict[str, asyncio.Event] = {}
 LEAKED: list = []
+#: The path of every HTTP request the app was called for (``GET /paths``).
+PATHS: list = []
 
 
 def jsonable(v):
@@ -125,7 +127,10 @@ async def app(scope, receive, send):
     if root and path.startswith(root):
         path = path[len(root) :]  # route on the path below the mount point, as Starlette does
     q = {k: v[0] for k, v in parse_qs(scope["query_string"].decode()).items()}
+    PATHS.append(path)
 
+    if path == "/paths":
+        return await respond_json(send, PATHS)
     if path == "/" or path == "/healthz":
         return await respond(send, body=b"ok")
     if path.startswith("/scope"):

@@ -6,6 +6,7 @@
 //! `Exchange::needs_python`), log records are capped (see
 //! [`PyQueue::push_log`]), and a forwarded signal waits at most once.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -67,6 +68,11 @@ pub(crate) struct PyQueue {
     batching: bool,
     pending_logs: AtomicUsize,
     dropped_logs: AtomicUsize,
+    /// The batch the asyncio thread took and is handling, one event at a
+    /// time ([`PyQueue::next_taken`]): kept here, not on that thread's
+    /// stack, so the loop watchdog can answer the requests in it the app
+    /// has not started if the loop blocks midway ([`PyQueue::take_unstarted`]).
+    taken: Mutex<VecDeque<Event>>,
 }
 
 impl PyQueue {
@@ -82,6 +88,7 @@ impl PyQueue {
             batching,
             pending_logs: AtomicUsize::new(0),
             dropped_logs: AtomicUsize::new(0),
+            taken: Mutex::new(VecDeque::with_capacity(256)),
         })
     }
 
@@ -149,6 +156,44 @@ impl PyQueue {
         let _ = self.efd.read();
         self.notified.store(false, Ordering::SeqCst);
         std::mem::swap(&mut *self.events.lock(), out);
+    }
+
+    /// Takes every queued event as the batch to handle (asyncio thread);
+    /// `scratch` is an empty buffer kept between calls.
+    pub(crate) fn take_batch(&self, scratch: &mut Vec<Event>) {
+        self.take_into(scratch);
+        self.taken.lock().extend(scratch.drain(..));
+    }
+
+    /// The batch's next event (asyncio thread).
+    pub(crate) fn next_taken(&self) -> Option<Event> {
+        self.taken.lock().pop_front()
+    }
+
+    /// Moves every HTTP request no app call has started for, queued or in
+    /// the batch being handled, into `out` (the Tokio side, when the loop
+    /// is stalled: the asyncio thread takes each event from under the same
+    /// locks, so a request is either started or taken here, never both).
+    // Boxed as in `Event`: each goes back into the queue as an
+    // `Event::Access` without a new allocation.
+    #[allow(clippy::vec_box)]
+    pub(crate) fn take_unstarted(&self, out: &mut Vec<Box<HttpRequest>>) {
+        let mut split = |e: Event, keep: &mut dyn FnMut(Event)| match e {
+            Event::Http(req) => out.push(req),
+            other => keep(other),
+        };
+        {
+            let mut taken = self.taken.lock();
+            let old = std::mem::take(&mut *taken);
+            for e in old {
+                split(e, &mut |k| taken.push_back(k));
+            }
+        }
+        let mut events = self.events.lock();
+        let old = std::mem::take(&mut *events);
+        for e in old {
+            split(e, &mut |k| events.push(k));
+        }
     }
 }
 

@@ -172,13 +172,19 @@ async fn wants_h2<I: AsyncRead + Unpin>(io: &mut ConnIo<I>, ctx: &ConnCtx) -> bo
         && crate::http::h2conn::sniff_preface(io, ctx.shared.config.header_read_timeout).await
 }
 
-/// Marks the connection busy for the lifetime of one request/response.
-pub(crate) struct BusyGuard(Arc<ConnCtx>);
+/// Marks the connection busy for the lifetime of one request/response;
+/// holds the request's `limit_concurrency` slot, if any, as long.
+pub(crate) struct BusyGuard(Arc<ConnCtx>, Option<crate::server::concurrency::Slot>);
 
 impl BusyGuard {
     /// Takes over the request that [`head_parsed`] started.
     pub(crate) fn new(conn: &Arc<ConnCtx>) -> Self {
-        BusyGuard(Arc::clone(conn))
+        BusyGuard(Arc::clone(conn), None)
+    }
+
+    /// Keeps `slot` until the response is written (or dropped).
+    pub(crate) fn hold(&mut self, slot: Option<crate::server::concurrency::Slot>) {
+        self.1 = slot;
     }
 }
 

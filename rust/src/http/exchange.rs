@@ -266,7 +266,9 @@ impl Exchange {
                 drop(st);
                 self.needs_python(shared);
             }
-            return Poll::Ready(Awaited::Head(ResponseHead::plain(status, reason)));
+            let mut head = ResponseHead::plain(status, reason);
+            crate::server::watchdog::mark_refusal(reason, &mut head.headers);
+            return Poll::Ready(Awaited::Head(head));
         }
         register(&mut st.tokio_waker, cx);
         Poll::Pending

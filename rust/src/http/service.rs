@@ -287,15 +287,47 @@ fn answer(
     resp
 }
 
+/// The loop watchdog's answer (see `server::watchdog`): `503`,
+/// `Retry-After`, `Connection: close`; the app never sees the request.
+fn refuse_stalled(
+    parts: http::request::Parts,
+    conn: &Arc<ConnCtx>,
+    received: Option<Instant>,
+    busy: BusyGuard,
+) -> Response<ResponseBody> {
+    use crate::server::watchdog::{mark_refusal, REASON};
+    let mut resp = answer(
+        parts,
+        conn,
+        received,
+        StatusCode::SERVICE_UNAVAILABLE,
+        REASON,
+        busy,
+    );
+    mark_refusal(REASON, resp.headers_mut());
+    resp
+}
+
 /// Serves one request: see the module docs.
 pub(crate) async fn handle(
     req: Request<Incoming>,
     conn: Arc<ConnCtx>,
 ) -> Result<Response<ResponseBody>, Infallible> {
-    let cfg = &conn.shared.config;
-    let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
     let busy = BusyGuard::new(&conn);
     let shared = &*conn.shared;
+    if shared.health.enabled() {
+        if shared.health.matches(req.method(), req.uri().path()) {
+            return Ok(crate::server::health::Health::respond(shared, busy));
+        }
+        // Accepted during lifespan startup (for the health path): the
+        // request waits for startup as it would in the backlog.
+        if shared.health.is_starting() {
+            shared.health.until_started().await;
+        }
+    }
+    let cfg = &conn.shared.config;
+    let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
+    let mut busy = busy;
     shared.count_request();
     let (mut parts, mut body) = req.into_parts();
     if parts.version == http::Version::HTTP_2 {
@@ -339,6 +371,9 @@ pub(crate) async fn handle(
                 ))
             }
         }
+    }
+    if shared.watchdog.is_stalled() {
+        return Ok(refuse_stalled(parts, &conn, received, busy));
     }
     if (seen.upgrade && crate::websocket::handshake::is_upgrade(&parts))
         || crate::websocket::handshake::is_extended_connect(&parts)
@@ -394,6 +429,25 @@ pub(crate) async fn handle(
         }
     };
 
+    if shared.watchdog.is_stalled() {
+        // The loop blocked while the body was read.
+        return Ok(refuse_stalled(parts, &conn, received, busy));
+    }
+    match shared.concurrency.acquire() {
+        Ok(slot) => busy.hold(slot),
+        Err(()) => {
+            let mut resp = answer(
+                parts,
+                &conn,
+                received,
+                StatusCode::SERVICE_UNAVAILABLE,
+                crate::server::concurrency::REASON,
+                busy,
+            );
+            crate::server::watchdog::retry_after(resp.headers_mut());
+            return Ok(resp);
+        }
+    }
     let mut guard = GoneGuard {
         exch: &exch,
         shared,

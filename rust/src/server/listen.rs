@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::http::accept;
 use crate::http::conn::{self, ListenerInfo, LocalAddr};
+use crate::server::watchdog::Gate;
 use crate::server::Shared;
 
 /// A listening socket before the runtime exists.
@@ -99,6 +100,14 @@ pub(crate) async fn accept_loop(
         Tcp(TcpListener),
         Unix(UnixListener),
     }
+    // Paused while the asyncio loop is stalled (see `watchdog`).
+    let mut gate = {
+        use std::os::fd::AsFd;
+        match &listener {
+            StdListener::Tcp(t) => Gate::new(&shared, t.as_fd()),
+            StdListener::Unix(u) => Gate::new(&shared, u.as_fd()),
+        }
+    };
     let l = match listener {
         StdListener::Tcp(t) => L::Tcp(TcpListener::from_std(t)?),
         StdListener::Unix(u) => L::Unix(UnixListener::from_std(u)?),
@@ -115,6 +124,10 @@ pub(crate) async fn accept_loop(
             },
             None => None,
         };
+        tokio::select! {
+            _ = gate.open() => {}
+            _ = stop.cancelled() => return Ok(()),
+        }
         let res = match &l {
             L::Tcp(t) => tokio::select! {
                 r = t.accept() => r.map(|(s, peer)| {
@@ -127,6 +140,7 @@ pub(crate) async fn accept_loop(
                     }
                 }),
                 _ = stop.cancelled() => return Ok(()),
+                _ = gate.shut() => continue,
             },
             L::Unix(u) => tokio::select! {
                 r = u.accept() => r.map(|(s, _)| {
@@ -134,6 +148,7 @@ pub(crate) async fn accept_loop(
                     control.tracker.spawn(conn::serve(s, shared, info, None, permit, None));
                 }),
                 _ = stop.cancelled() => return Ok(()),
+                _ = gate.shut() => continue,
             },
         };
         match res {

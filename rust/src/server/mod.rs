@@ -2,11 +2,14 @@
 //! orchestration of a worker's life (see [`run`]).
 
 pub(crate) mod cert_name;
+pub(crate) mod concurrency;
 pub(crate) mod connections;
+pub(crate) mod health;
 pub(crate) mod listen;
 pub(crate) mod run;
 pub(crate) mod signals;
 pub(crate) mod tls;
+pub(crate) mod watchdog;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,6 +68,12 @@ pub(crate) struct Shared {
     pub(crate) signal_hook: std::sync::OnceLock<Py<PyAny>>,
     /// Signals forwarded to the app's `loop.add_signal_handler` callbacks.
     pub(crate) signals: signals::Forwarding,
+    /// Whether the asyncio loop turns (`loop_stall_timeout`).
+    pub(crate) watchdog: watchdog::Watchdog,
+    /// The health path's state (`health_path`).
+    pub(crate) health: health::Health,
+    /// Requests in progress (`limit_concurrency`).
+    pub(crate) concurrency: concurrency::Concurrency,
 }
 
 impl Shared {
@@ -110,6 +119,9 @@ impl Shared {
             .map(|h| crate::http::h2conn::builder(h, &config, tracker.clone()));
         // One Tokio thread: announce events when it parks (see PyQueue).
         let queue = PyQueue::new(config.tokio_threads <= 1)?;
+        let watchdog = watchdog::Watchdog::new(config.loop_stall_timeout);
+        let health = health::Health::new(config.health_path.clone());
+        let concurrency = concurrency::Concurrency::new(config.limit_concurrency);
         Ok(Self {
             config,
             queue,
@@ -125,6 +137,9 @@ impl Shared {
             tls_server_cert,
             signal_hook: std::sync::OnceLock::new(),
             signals: signals::Forwarding::default(),
+            watchdog,
+            health,
+            concurrency,
         })
     }
 
@@ -250,12 +265,13 @@ impl Server {
 
     /// Handles every queued event. The loop's reader callback; never raises.
     fn drain(&self, py: Python<'_>) {
-        let mut events = std::mem::take(&mut *self.scratch.lock());
-        self.shared.queue.take_into(&mut events);
+        let mut scratch = std::mem::take(&mut *self.scratch.lock());
+        self.shared.queue.take_batch(&mut scratch);
+        *self.scratch.lock() = scratch;
         {
             let _defer = self.shared.wakeups.defer();
             let _drain = crate::bridge::waiter::DrainGuard::enter();
-            for event in events.drain(..) {
+            while let Some(event) = self.shared.queue.next_taken() {
                 match event {
                     Event::Http(req) => crate::http::start(py, &self.ctx, req),
                     Event::Access(req, status, bytes) => {
@@ -300,7 +316,20 @@ impl Server {
                 &format!("{dropped} log lines were dropped (logging fell behind)"),
             );
         }
-        *self.scratch.lock() = events;
+    }
+
+    /// The loop watchdog's stamp: the asyncio loop calls it every
+    /// [`Server::loop_tick_interval`] seconds (see `server::watchdog`).
+    fn loop_turned(&self) {
+        self.shared.watchdog.turned();
+    }
+
+    /// How often the loop must call [`Server::loop_turned`] (seconds), or
+    /// `None` when the watchdog is off (`loop_stall_timeout` 0).
+    #[getter]
+    fn loop_tick_interval(&self) -> Option<f64> {
+        let w = &self.shared.watchdog;
+        w.enabled().then(|| w.tick_interval().as_secs_f64())
     }
 
     /// Serves on the given listening sockets until the server stops.

@@ -141,6 +141,48 @@ fn watch_parent(shared: Arc<Shared>, ppid: u32) {
     });
 }
 
+fn spawn_acceptors(
+    listeners: Option<Vec<StdListener>>,
+    shared: &Arc<Shared>,
+    control: &ConnControl,
+    stop: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<io::Result<()>>> {
+    listeners
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            tokio::spawn(accept_loop(
+                l,
+                Arc::clone(shared),
+                control.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// `drain_delay` (issue 19): on SIGTERM, the health path already answers
+/// 503 and the worker keeps accepting and serving for this long, so a load
+/// balancer sees it fail before its connections start closing. A quick
+/// stop cuts it short. Returns the time spent.
+async fn drain_delay(
+    shared: &Shared,
+    stop: Stop,
+    stop_rx: &mut watch::Receiver<Option<Stop>>,
+) -> Duration {
+    let delay = shared.config.drain_delay;
+    if delay.is_zero() || stop != Stop::Graceful("SIGTERM") {
+        return Duration::ZERO;
+    }
+    tracing::info!("SIGTERM: serving {delay:?} more (drain_delay) before draining");
+    let t0 = tokio::time::Instant::now();
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = next_quick(stop_rx) => {}
+    }
+    t0.elapsed()
+}
+
 /// Serves until a stop is requested; see the module docs.
 pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
     tokio::spawn(Arc::clone(&shared.wakeups).dispatch());
@@ -150,14 +192,6 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     }
     let mut stop_rx = shared.stop_rx();
 
-    let lifespan_running = tokio::select! {
-        r = lifespan::startup(&shared) => r.map_err(RunError::Startup)?,
-        s = next_stop(&mut stop_rx) => {
-            tracing::info!("stopped during startup ({s:?})");
-            return Ok(());
-        }
-    };
-
     let cfg = &shared.config;
     let control = ConnControl {
         tracker: shared.tracker.clone(),
@@ -165,17 +199,41 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     };
     let stop_accept = CancellationToken::new();
     let mut acceptors = Vec::new();
-    for l in listeners {
-        acceptors.push(tokio::spawn(accept_loop(
-            l,
-            Arc::clone(&shared),
-            control.clone(),
-            stop_accept.clone(),
-        )));
+    let mut listeners = Some(listeners);
+    // With a health path, accepting starts before lifespan startup, so the
+    // path can say "starting" (other requests wait for startup).
+    if shared.health.enabled() {
+        acceptors = spawn_acceptors(listeners.take(), &shared, &control, &stop_accept);
     }
+
+    let started = tokio::select! {
+        r = lifespan::startup(&shared) => r.map_err(RunError::Startup),
+        s = next_stop(&mut stop_rx) => {
+            tracing::info!("stopped during startup ({s:?})");
+            stop_accept.cancel();
+            return Ok(());
+        }
+    };
+    let lifespan_running = match started {
+        Ok(running) => running,
+        Err(e) => {
+            stop_accept.cancel();
+            return Err(e);
+        }
+    };
+    shared.health.serving();
+    tokio::spawn(crate::server::watchdog::Watchdog::run(Arc::clone(&shared)));
+    acceptors.extend(spawn_acceptors(
+        listeners.take(),
+        &shared,
+        &control,
+        &stop_accept,
+    ));
 
     let stop = next_stop(&mut stop_rx).await;
     tracing::debug!("stopping: {stop:?}");
+    shared.health.draining();
+    let delayed = drain_delay(&shared, stop, &mut stop_rx).await;
     stop_accept.cancel();
     for a in acceptors {
         match a.await {
@@ -194,7 +252,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
             shared.connections.order_all(Order::Drain);
             tokio::select! {
                 _ = tracker.wait() => false,
-                _ = tokio::time::sleep(drain) => {
+                _ = tokio::time::sleep(drain.saturating_sub(delayed)) => {
                     tracing::warn!(
                         "graceful timeout ({:?}) reached: closing {} connection(s)",
                         cfg.graceful_timeout,
@@ -220,6 +278,9 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     shared.connections.order_all(Order::Abort);
     let _ = tokio::time::timeout(ABORT_GRACE, tracker.wait()).await;
 
+    if let Some(line) = shared.watchdog.summary() {
+        tracing::debug!("{line}");
+    }
     if lifespan_running && !quick {
         lifespan::shutdown(&shared).await;
     }
