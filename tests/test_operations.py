@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import threading
 
 import pytest
 from harness import PY, ROOT, RawConn, gunicorn, request, skirr, wait_until
@@ -80,14 +79,11 @@ def _health_or_none(port: int):
 def test_limit_concurrency_refuses_with_503_and_health_stays_200_under_gunicorn():
     env = {**HEALTH, "SKIRR_LIMIT_CONCURRENCY": "2"}
     with gunicorn(APP, "-w", "1", "--access-logfile", "-", env=env) as g:
-        done = []
-
-        def slow(tag):
-            done.append(request(g.port, "GET", f"/sleep?secs=3&tag={tag}").status)
-
-        threads = [threading.Thread(target=slow, args=(t,)) for t in ("a", "b")]
-        for t in threads:
-            t.start()
+        # Both slow requests are sent before any probe connects, so they
+        # are accepted and read first and hold both slots.
+        slow = [RawConn(g.port, timeout=15) for _ in range(2)]
+        for i, c in enumerate(slow):
+            c.send(f"GET /sleep?secs=3&tag={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         answered = []
 
         def refused():
@@ -100,9 +96,9 @@ def test_limit_concurrency_refuses_with_503_and_health_stays_200_under_gunicorn(
         r = wait_until(refused, what="both slots taken")
         assert r.header("retry-after") == "1"
         assert health(g.port) == (200, "ok")
-        for t in threads:
-            t.join(15)
-        assert done == [200, 200]
+        assert [c.read_response().status for c in slow] == [200, 200]
+        for c in slow:
+            c.close()
         # The refused request never reached the app.
         assert paths(g.port).count("/scope") == answered.count(200)
         wait_until(lambda: '"GET /scope?probe HTTP/1.1" 503' in g.logs(), what="the 503 in the access log")
