@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 
 import pytest
 from harness import PY, ROOT, RawConn, gunicorn, request, skirr, wait_until
@@ -172,3 +173,32 @@ def test_drain_delay_not_shorter_than_graceful_timeout_is_a_boot_error():
     )  # fmt: skip
     assert out.returncode != 0
     assert "drain_delay (40 s) must be shorter than graceful_timeout (30 s)" in out.stderr
+
+
+def test_no_failed_request_across_sigterm_with_a_drain_delay():
+    """A client that stops sending once the health path turns 503 (as a
+    load balancer removing the endpoint) loses nothing across a SIGTERM."""
+    env = {**HEALTH, "SKIRR_DRAIN_DELAY": "2"}
+    with gunicorn(APP, "-w", "1", "--graceful-timeout", "10", env=env) as g:
+        statuses: list = []
+        seen_draining = threading.Event()
+
+        def client():
+            while not seen_draining.is_set():
+                if health(g.port)[0] == 503:
+                    seen_draining.set()
+                    return
+                for _ in range(5):
+                    try:
+                        statuses.append(request(g.port, "POST", "/echo", body=b"x" * 1024).status)
+                    except Exception as e:  # noqa: BLE001 - a failed request is what is counted
+                        statuses.append(repr(e))
+
+        t = threading.Thread(target=client)
+        t.start()
+        wait_until(lambda: len(statuses) >= 20, what="load")
+        g.send_signal(signal.SIGTERM)
+        t.join(20)
+        assert seen_draining.is_set()
+        assert statuses and set(statuses) == {200}, statuses
+        assert g.wait(20) == 0
