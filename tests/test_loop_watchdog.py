@@ -97,7 +97,7 @@ def test_reuse_port_a_blocked_worker_answers_503_on_its_own_socket():
     try:
         wait_until(lambda: fetch(port, "/pid", 2)[0] == 200, timeout=20, what="gunicorn")
         counts = blocked_worker_run(port, g.proc.pid)
-        assert counts.get(200, 0) >= 10, counts
+        assert counts.get(200, 0) >= 5, counts  # the healthy worker serves its share
     finally:
         g.stop(timeout=15)
 

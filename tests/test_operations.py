@@ -80,14 +80,11 @@ def _health_or_none(port: int):
 def test_limit_concurrency_refuses_with_503_and_health_stays_200_under_gunicorn():
     env = {**HEALTH, "SKIRR_LIMIT_CONCURRENCY": "2"}
     with gunicorn(APP, "-w", "1", "--access-logfile", "-", env=env) as g:
-        done = []
-
-        def slow(tag):
-            done.append(request(g.port, "GET", f"/sleep?secs=3&tag={tag}").status)
-
-        threads = [threading.Thread(target=slow, args=(t,)) for t in ("a", "b")]
-        for t in threads:
-            t.start()
+        # Both slow requests are sent before any probe connects, so they
+        # are accepted and read first and hold both slots.
+        slow = [RawConn(g.port, timeout=15) for _ in range(2)]
+        for i, c in enumerate(slow):
+            c.send(f"GET /sleep?secs=3&tag={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         answered = []
 
         def refused():
@@ -100,9 +97,9 @@ def test_limit_concurrency_refuses_with_503_and_health_stays_200_under_gunicorn(
         r = wait_until(refused, what="both slots taken")
         assert r.header("retry-after") == "1"
         assert health(g.port) == (200, "ok")
-        for t in threads:
-            t.join(15)
-        assert done == [200, 200]
+        assert [c.read_response().status for c in slow] == [200, 200]
+        for c in slow:
+            c.close()
         # The refused request never reached the app.
         assert paths(g.port).count("/scope") == answered.count(200)
         wait_until(lambda: '"GET /scope?probe HTTP/1.1" 503' in g.logs(), what="the 503 in the access log")
@@ -176,3 +173,32 @@ def test_drain_delay_not_shorter_than_graceful_timeout_is_a_boot_error():
     )  # fmt: skip
     assert out.returncode != 0
     assert "drain_delay (40 s) must be shorter than graceful_timeout (30 s)" in out.stderr
+
+
+def test_no_failed_request_across_sigterm_with_a_drain_delay():
+    """A client that stops sending once the health path turns 503 (as a
+    load balancer removing the endpoint) loses nothing across a SIGTERM."""
+    env = {**HEALTH, "SKIRR_DRAIN_DELAY": "2"}
+    with gunicorn(APP, "-w", "1", "--graceful-timeout", "10", env=env) as g:
+        statuses: list = []
+        seen_draining = threading.Event()
+
+        def client():
+            while not seen_draining.is_set():
+                if health(g.port)[0] == 503:
+                    seen_draining.set()
+                    return
+                for _ in range(5):
+                    try:
+                        statuses.append(request(g.port, "POST", "/echo", body=b"x" * 1024).status)
+                    except Exception as e:  # noqa: BLE001 - a failed request is what is counted
+                        statuses.append(repr(e))
+
+        t = threading.Thread(target=client)
+        t.start()
+        wait_until(lambda: len(statuses) >= 20, what="load")
+        g.send_signal(signal.SIGTERM)
+        t.join(20)
+        assert seen_draining.is_set()
+        assert statuses and set(statuses) == {200}, statuses
+        assert g.wait(20) == 0

@@ -296,14 +296,13 @@ fn refuse_stalled(
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
     use crate::server::watchdog::{mark_refusal, REASON};
-    let mut resp = answer(
-        parts,
-        conn,
-        received,
-        StatusCode::SERVICE_UNAVAILABLE,
-        REASON,
-        busy,
-    );
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let mut resp = if !conn.shared.config.access_log || conn.shared.watchdog.may_log_refusal() {
+        answer(parts, conn, received, status, REASON, busy)
+    } else {
+        // Past the stall's access-log budget (counted, reported later).
+        ResponseBody::plain(status, REASON, busy)
+    };
     mark_refusal(REASON, resp.headers_mut());
     resp
 }

@@ -58,7 +58,17 @@ pub(crate) struct Watchdog {
     /// logged at exit, for choosing the bound.
     longest_gap: AtomicU64,
     stalls: AtomicU64,
+    /// Refusals queued for the access log in this stall, and those left
+    /// out past [`MAX_LOGGED_REFUSALS`].
+    logged: AtomicU64,
+    unlogged: AtomicU64,
 }
+
+/// Most access-log lines of refused requests queued during one stall: the
+/// queue waits for the loop, so a long stall on a busy `reuse_port` socket
+/// would otherwise hold a request head per refusal. The rest are counted
+/// and reported in one line when the loop runs again.
+const MAX_LOGGED_REFUSALS: u64 = 1024;
 
 impl Watchdog {
     /// A watchdog with `bound` (`loop_stall_timeout`; zero: off).
@@ -70,6 +80,8 @@ impl Watchdog {
             state: watch::channel(false).0,
             longest_gap: AtomicU64::new(0),
             stalls: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
+            unlogged: AtomicU64::new(0),
         }
     }
 
@@ -131,10 +143,32 @@ impl Watchdog {
             } else {
                 if w.stalled.swap(false, Ordering::SeqCst) {
                     w.state.send_replace(false);
-                    tracing::warn!("the event loop runs again: accepting");
+                    w.logged.store(0, Ordering::Relaxed);
+                    let unlogged = w.unlogged.swap(0, Ordering::Relaxed);
+                    tracing::warn!(
+                        "the event loop runs again: accepting{}",
+                        if unlogged > 0 {
+                            format!(
+                                " ({unlogged} requests answered 503 meanwhile are not in the \
+                                 access log: more than {MAX_LOGGED_REFUSALS})"
+                            )
+                        } else {
+                            String::new()
+                        }
+                    );
                 }
             }
         }
+    }
+
+    /// Whether a refused request's access-log line may be queued (see
+    /// [`MAX_LOGGED_REFUSALS`]); counts it either way.
+    pub(crate) fn may_log_refusal(&self) -> bool {
+        if self.logged.fetch_add(1, Ordering::Relaxed) < MAX_LOGGED_REFUSALS {
+            return true;
+        }
+        self.unlogged.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     /// One line for the log at exit: the longest gap between the loop's
@@ -158,7 +192,7 @@ fn refuse_queued(shared: &Shared) {
     for req in refused {
         req.exch
             .reject(StatusCode::SERVICE_UNAVAILABLE, REASON, shared);
-        if shared.config.access_log {
+        if shared.config.access_log && shared.watchdog.may_log_refusal() {
             // Logged when the loop runs again (or lost with the worker).
             shared
                 .queue
