@@ -116,6 +116,9 @@ pub(crate) struct Activity {
     /// Since when a write to the socket is pending ([`clock_ms`], at
     /// least 1); 0 while writes go through (see `send_timeout`).
     write_blocked_ms: AtomicU64,
+    /// The head being read has a field line over
+    /// `limit_request_field_size` (see `http::headscan`).
+    field_too_long: AtomicBool,
 }
 
 impl Activity {
@@ -123,6 +126,17 @@ impl Activity {
         let a = Activity::default();
         a.since_ms.store(clock_ms(), Ordering::Relaxed);
         a
+    }
+
+    /// See [`Activity::take_field_too_long`].
+    pub(crate) fn set_field_too_long(&self, v: bool) {
+        self.field_too_long.store(v, Ordering::Relaxed);
+    }
+
+    /// Whether the head just parsed had a field line over
+    /// `limit_request_field_size`, counted as received (once).
+    pub(crate) fn take_field_too_long(&self) -> bool {
+        self.field_too_long.swap(false, Ordering::Relaxed)
     }
 
     /// Bytes arrived on the socket.

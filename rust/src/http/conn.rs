@@ -299,6 +299,7 @@ pub(crate) async fn serve<I>(
         inner: io,
         prefix: Bytes::new(),
         conn: Arc::clone(&ctx),
+        scan: crate::http::headscan::HeadScan::new(shared.config.limits.field_size),
     };
     let mut svc = {
         let ctx = Arc::clone(&ctx);
@@ -317,6 +318,7 @@ pub(crate) async fn serve<I>(
         }
         if std::mem::take(&mut first) && wants_h2(&mut io, &ctx).await {
             if let Some(h2) = &shared.http2 {
+                io.scan = None;
                 break crate::http::h2conn::serve(io, &ctx, &member, h2).await;
             }
         }
@@ -332,6 +334,7 @@ pub(crate) async fn serve<I>(
         }
         let upgraded = ctx.upgrade.lock().take();
         if let Some(ws) = upgraded {
+            io.scan = None;
             Box::pin(crate::websocket::driver::run(io, ws, &ctx, &member)).await;
             return;
         }
