@@ -51,6 +51,14 @@ pub struct Config {
     /// Under Gunicorn (`parent_pid` set) the WebSocket close handshake
     /// comes out of it, see `run::drain_deadlines`.
     pub graceful_timeout: Duration,
+    /// During a drain: how long a request head not complete when it began
+    /// (or a new connection that sent nothing yet) gets, how long a
+    /// response may stall on a client that reads nothing, and when open
+    /// WebSockets get their close (1012 on a `max_requests` recycle, 1001
+    /// on a signal); see `server::drain`. Zero: none of these (heads get
+    /// `header_read_timeout`, stalled responses `send_timeout`, WebSockets
+    /// the drain deadline). Default 2 s.
+    pub drain_grace: Duration,
     /// Stop (and let the master re-fork) after this many requests; 0 = never.
     pub max_requests: u64,
     /// Most connections served at once; further ones wait in the backlog.
@@ -271,6 +279,7 @@ impl Default for Config {
             keepalive_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(30),
             graceful_timeout: Duration::from_secs(30),
+            drain_grace: Duration::from_secs(2),
             max_requests: 0,
             max_connections: 10_000,
             tokio_threads: 1,
@@ -382,6 +391,7 @@ impl Config {
                 "keepalive_timeout" => c.keepalive_timeout = secs(&v, key)?,
                 "header_read_timeout" => c.header_read_timeout = secs(&v, key)?,
                 "graceful_timeout" => c.graceful_timeout = secs(&v, key)?,
+                "drain_grace" => c.drain_grace = secs(&v, key)?,
                 "max_requests" => c.max_requests = count(&v, key)?,
                 "max_connections" => c.max_connections = count(&v, key)?,
                 "tokio_threads" => c.tokio_threads = count::<usize>(&v, key)?.max(1),

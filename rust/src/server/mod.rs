@@ -3,6 +3,7 @@
 
 pub(crate) mod cert_name;
 pub(crate) mod connections;
+pub(crate) mod drain;
 pub(crate) mod listen;
 pub(crate) mod run;
 pub(crate) mod signals;
@@ -65,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) signal_hook: std::sync::OnceLock<Py<PyAny>>,
     /// Signals forwarded to the app's `loop.add_signal_handler` callbacks.
     pub(crate) signals: signals::Forwarding,
+    /// What the connections need to know of a drain (see [`drain`]).
+    pub(crate) drain: drain::DrainFacts,
 }
 
 impl Shared {
@@ -125,6 +128,7 @@ impl Shared {
             tls_server_cert,
             signal_hook: std::sync::OnceLock::new(),
             signals: signals::Forwarding::default(),
+            drain: drain::DrainFacts::default(),
         })
     }
 
@@ -134,6 +138,7 @@ impl Shared {
         let n = self.dispatched.fetch_add(1, Ordering::Relaxed) + 1;
         if n == self.config.max_requests {
             tracing::info!("Autorestarting worker after current request ({n} requests served).");
+            self.drain.set_recycle();
             self.request_stop(Stop::Graceful("max requests"));
         }
     }
