@@ -81,6 +81,10 @@ pub struct Config {
     pub send_buffer: usize,
     /// Parent process id to watch: if it changes, the worker shuts down.
     pub parent_pid: Option<u32>,
+    /// Under Gunicorn with two or more workers: a descriptor of the file
+    /// the master's workers lock so that their `max_requests` recycles do
+    /// not overlap (`server::recycle`). Set by `skirr.RustWorker`.
+    pub recycle_lock_fd: Option<i32>,
     /// Whether SIGINT is graceful (standalone) or quick (Gunicorn).
     pub sigint_graceful: bool,
     /// Emit one access-log line per request.
@@ -288,6 +292,7 @@ impl Default for Config {
             body_buffer: 256 * 1024,
             send_buffer: 256 * 1024,
             parent_pid: None,
+            recycle_lock_fd: None,
             sigint_graceful: true,
             access_log: false,
             ws_max_message_size: 16 << 20,
@@ -400,6 +405,7 @@ impl Config {
                 "body_buffer" => c.body_buffer = count::<usize>(&v, key)?.max(1),
                 "send_buffer" => c.send_buffer = count::<usize>(&v, key)?.max(1),
                 "parent_pid" => c.parent_pid = v.extract()?,
+                "recycle_lock_fd" => c.recycle_lock_fd = v.extract()?,
                 "sigint_graceful" => c.sigint_graceful = v.extract()?,
                 "access_log" => c.access_log = v.extract()?,
                 "server_timing" => c.server_timing = v.extract()?,

@@ -5,6 +5,7 @@ pub(crate) mod cert_name;
 pub(crate) mod connections;
 pub(crate) mod drain;
 pub(crate) mod listen;
+pub(crate) mod recycle;
 pub(crate) mod run;
 pub(crate) mod signals;
 pub(crate) mod tls;
@@ -68,6 +69,9 @@ pub(crate) struct Shared {
     pub(crate) signals: signals::Forwarding,
     /// What the connections need to know of a drain (see [`drain`]).
     pub(crate) drain: drain::DrainFacts,
+    /// Recycles coordinated with the master's other workers (see
+    /// [`recycle`]); `None` standalone or with one worker.
+    pub(crate) recycle: Option<recycle::Recycle>,
 }
 
 impl Shared {
@@ -113,6 +117,10 @@ impl Shared {
             .map(|h| crate::http::h2conn::builder(h, &config, tracker.clone()));
         // One Tokio thread: announce events when it parks (see PyQueue).
         let queue = PyQueue::new(config.tokio_threads <= 1)?;
+        let recycle = match config.recycle_lock_fd {
+            Some(fd) => Some(recycle::Recycle::new(fd)?),
+            None => None,
+        };
         Ok(Self {
             config,
             queue,
@@ -129,18 +137,23 @@ impl Shared {
             signal_hook: std::sync::OnceLock::new(),
             signals: signals::Forwarding::default(),
             drain: drain::DrainFacts::default(),
+            recycle,
         })
     }
 
     /// Counts a request handed to the app; at `max_requests` the worker
-    /// stops gracefully so the master re-forks it.
+    /// stops gracefully so the master re-forks it (once no other worker of
+    /// the master drains: see [`recycle`]).
     pub(crate) fn count_request(&self) {
         let n = self.dispatched.fetch_add(1, Ordering::Relaxed) + 1;
         if n == self.config.max_requests {
-            tracing::info!("Autorestarting worker after current request ({n} requests served).");
-            self.drain.set_recycle();
-            self.request_stop(Stop::Graceful("max requests"));
+            recycle::stop_for_max_requests(self, n);
         }
+    }
+
+    /// Requests handed to the app so far.
+    pub(crate) fn requests_served(&self) -> u64 {
+        self.dispatched.load(Ordering::Relaxed)
     }
 
     /// Asks the server to stop; a quick stop overrides a graceful one.

@@ -174,8 +174,13 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
         )));
     }
 
+    crate::server::recycle::spawn(&shared);
+
     let stop = next_stop(&mut stop_rx).await;
     tracing::debug!("stopping: {stop:?}");
+    if let Some(r) = &shared.recycle {
+        r.draining();
+    }
     stop_accept.cancel();
     for a in acceptors {
         match a.await {
