@@ -1,6 +1,7 @@
 //! The server: shared state, the Python-facing [`Server`] object, and the
 //! orchestration of a worker's life (see [`run`]).
 
+pub(crate) mod admission;
 pub(crate) mod cert_name;
 pub(crate) mod connections;
 pub(crate) mod drain;

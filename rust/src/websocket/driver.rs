@@ -359,6 +359,8 @@ pub(crate) async fn run<I>(mut io: I, ws: Arc<WsShared>, conn: &Arc<ConnCtx>, me
 where
     I: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    // Never retired for a newcomer (`server::admission`).
+    member.mark_websocket();
     let shared = Arc::clone(&conn.shared);
     let cfg = &shared.config;
     let max = cfg.ws_max_message_size;
