@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=60)
     ap.add_argument("--max-requests", type=int, default=1500)
     ap.add_argument("--jitter", type=int, default=150)
-    ap.add_argument("--graceful-timeout", type=float, default=30)
+    ap.add_argument("--graceful-timeout", type=int, default=30)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     a = ap.parse_args()
