@@ -205,4 +205,25 @@ mod tests {
         drop(late);
         assert_eq!(conns.len(), 0);
     }
+
+    #[test]
+    fn retiring_skips_websockets_young_and_already_ordered_connections() {
+        let conns = Connections::default();
+        let old = conns.join();
+        let ws = conns.join();
+        ws.mark_websocket();
+        assert_eq!(conns.retire_oldest(std::time::Duration::ZERO), 1);
+        assert_eq!(old.order(), Order::Drain);
+        assert_eq!(ws.order(), Order::Serve, "a WebSocket is never retired");
+        assert_eq!(conns.retire_oldest(std::time::Duration::ZERO), 0, "once");
+        let young = conns.join();
+        assert_eq!(conns.retire_oldest(std::time::Duration::from_secs(3600)), 0);
+        assert_eq!(young.order(), Order::Serve);
+        conns.order_all(Order::Drain);
+        assert_eq!(
+            conns.retire_oldest(std::time::Duration::ZERO),
+            0,
+            "draining already"
+        );
+    }
 }
