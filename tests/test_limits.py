@@ -38,9 +38,42 @@ def test_request_line_limit_default_4094(server):
 
 
 def test_header_field_size_default_8190(server):
-    assert head_with(server.port, extra="X-A: " + "v" * (8190 - 5) + "\r\n")[0] == 200
-    status, body, closed = head_with(server.port, extra="X-A: " + "v" * (8190 - 4) + "\r\n")
+    # Gunicorn 27 counts the line with its CRLF: `len(line) + 2 > 8190`
+    # rejects ("X-A: " is 5 bytes).
+    assert head_with(server.port, extra="X-A: " + "v" * (8190 - 7) + "\r\n")[0] == 200
+    status, body, closed = head_with(server.port, extra="X-A: " + "v" * (8190 - 6) + "\r\n")
     assert (status, body, closed) == (431, b"header field too large", True)
+
+
+@pytest.mark.parametrize("pad", ["lead", "trail", "only"])
+def test_header_field_size_counts_the_whitespace_the_parser_drops(server, pad):
+    # The whole field line as received counts, as in Gunicorn: a 9,006-byte
+    # line of spaces is over the limit though its trimmed value is empty.
+    spaces = " " * 9000
+    line = {"lead": f"X-A:{spaces}v", "trail": f"X-A: v{spaces}", "only": f"X-A:{spaces}  "}[pad]
+    status, body, closed = head_with(server.port, extra=line + "\r\n")
+    assert (status, body, closed) == (431, b"header field too large", True)
+    # At the limit exactly (8188 bytes + CRLF) it passes, whitespace or not.
+    assert head_with(server.port, extra="X-A:" + " " * 8184 + "\r\n")[0] == 200
+    assert head_with(server.port, extra="X-A:" + " " * 8185 + "\r\n")[0] == 431
+
+
+def test_header_field_size_counts_whitespace_on_a_reused_connection(server):
+    # The second request of a keep-alive connection is measured too, and a
+    # long line of one request does not taint the next.
+    with RawConn(server.port) as c:
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-A: v\r\n\r\n")
+        assert c.read_response().status == 200
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-A: v" + b"\t" * 8200 + b"\r\n\r\n")
+        assert c.read_response().status == 431
+    with RawConn(server.port) as c:
+        # Split across writes: the line is counted across reads.
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-A:")
+        time.sleep(0.05)
+        c.send(b" " * 8190)
+        time.sleep(0.05)
+        c.send(b"v\r\n\r\n")
+        assert c.read_response().status == 431
 
 
 def test_header_count_default_100(server):
@@ -201,6 +234,7 @@ def test_gunicorn_limit_settings_are_honoured():
         assert head_with(g.port, "/" + "a" * 50)[0] == 404
         assert head_with(g.port, "/" + "a" * 100)[0] == 414
         assert head_with(g.port, extra="X-A: " + "v" * 250 + "\r\n")[0] == 431
+        assert head_with(g.port, extra="X-A:" + " " * 250 + "v\r\n")[0] == 431
 
 
 def test_rejected_requests_leave_no_half_read_head(server):

@@ -24,16 +24,73 @@ def test_connection_limit_queues_extra_clients_in_the_backlog():
             assert c.read_response().status == 200
         third = RawConn(s.port)  # the kernel completes the handshake; Skirr does not accept
         third.send(GET)
-        third.sock.settimeout(0.5)
+        third.sock.settimeout(0.05)
         with pytest.raises(TimeoutError):
             third.sock.recv(1)
         third.sock.settimeout(10)
-        a.close()  # frees a slot: the waiting client is served
+        # The held connections are retired for it (server::admission): the
+        # waiting client is served without either client leaving.
         assert third.read_response().status == 200
-        b.send(GET)
-        assert b.read_response().status == 200
+        third.send(GET)
+        assert third.read_response().status == 200
+        a.close()
         b.close()
         third.close()
+
+
+def test_every_new_connection_is_answered_while_busy_clients_hold_every_slot():
+    # Issue 23: 40 keep-alive clients sending back to back hold all 20 slots
+    # of one worker. Before fair admission every newcomer waited in the
+    # backlog for as long as they kept sending (12 of 12 probes timed out
+    # in the issue's run); now held connections are retired, oldest first,
+    # after their current response (with Connection: close).
+    import http.client
+    import threading
+    import time
+
+    from harness import TIMEOUT, gunicorn
+
+    with gunicorn("apps.probe:app", "-w", "1", "--worker-connections", "20") as g:
+        stop = threading.Event()
+        served = [0]
+        closes = [0]
+
+        def busy() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=30)
+            while not stop.is_set():
+                try:
+                    conn.request("GET", "/")
+                    r = conn.getresponse()
+                    r.read()
+                    served[0] += 1
+                    if r.will_close:
+                        closes[0] += 1
+                        conn.close()
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+            conn.close()
+
+        threads = [threading.Thread(target=busy, daemon=True) for _ in range(40)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: served[0] > 2000, timeout=TIMEOUT * 3, what="busy clients holding every slot")
+        waits = []
+        try:
+            for _ in range(8):
+                t0 = time.monotonic()
+                c = http.client.HTTPConnection("127.0.0.1", g.port, timeout=10)
+                c.request("GET", "/healthz", headers={"Connection": "close"})
+                r = c.getresponse()
+                assert (r.status, r.read()) == (200, b"ok")
+                c.close()
+                waits.append(time.monotonic() - t0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(TIMEOUT)
+        shown = ", ".join(f"{w:.2f}" for w in waits)
+        print(f"probes answered in {shown} s; {served[0]} busy requests, {closes[0]} retired")
+        assert closes[0] > 0
 
 
 def _fd_count(pid: int) -> int:

@@ -239,6 +239,13 @@ OPTIONS: tuple[Option, ...] = (
         gunicorn="graceful_timeout",
     ),
     Option(
+        "drain_grace",
+        2.0,
+        _seconds,
+        "during a drain, an incomplete request head gets this long, a response the client reads nothing of"
+        " is cut after this, and WebSockets get close 1012/1001 after this (seconds; 0: off)",
+    ),
+    Option(
         "max_requests",
         0,
         _nonneg_int,

@@ -29,6 +29,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 from typing import Any
 
 import gunicorn
@@ -221,8 +222,38 @@ def load_error_app(report: str) -> Any:
     return app
 
 
+#: The master's recycle lock file, per master pid (see ``_recycle_lock_fd``).
+_RECYCLE_LOCKS: dict[int, int] = {}
+
+
+def _recycle_lock_fd(tmp_dir: str | None) -> int:
+    """The descriptor of a file shared by every worker of this master (one
+    per master process, created on first use, unlinked at once): workers
+    take POSIX record locks on it so that their ``max_requests`` recycles
+    never overlap (rust/src/server/recycle.rs). Called in the master, when
+    Gunicorn creates a worker object, before the fork."""
+    pid = os.getpid()
+    fd = _RECYCLE_LOCKS.get(pid)
+    if fd is None:
+        fd, path = tempfile.mkstemp(prefix="skirr-recycle-", dir=tmp_dir)
+        os.unlink(path)
+        _RECYCLE_LOCKS[pid] = fd
+    return fd
+
+
 class RustWorker(Worker):
     """A Gunicorn worker serving ASGI applications with Skirr's Rust core."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # In the master, before the fork (see `_recycle_lock_fd`); one
+        # worker has no one to coordinate with.
+        self._recycle_fd = None
+        if self.cfg.workers >= 2:
+            try:
+                self._recycle_fd = _recycle_lock_fd(self.cfg.worker_tmp_dir)
+            except OSError as e:
+                self.log.warning("skirr: no recycle coordination between workers: %s", e)
 
     def load_wsgi(self) -> None:
         # As Gunicorn's base worker and its -k asgi worker: with --reload, a
@@ -309,7 +340,10 @@ class RustWorker(Worker):
         if gunicorn_settings.has_request_hooks(self.cfg):
             app = with_request_hooks(app, self)
         listeners = [(s.sock.fileno(), "unix" if s.sock.family == socket.AF_UNIX else "tcp") for s in self.sockets]
-        rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True)
+        extra: dict[str, Any] = {}
+        if self._recycle_fd is not None and values["max_requests"] > 0:
+            extra["recycle_lock_fd"] = self._recycle_fd
+        rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True, **extra)
         interval = max(0.5, min(self.timeout / 2.0, 2.0))
         if self.cfg.reload:
             interval = min(interval, 0.5)  # react to the reloader promptly

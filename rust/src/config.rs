@@ -51,6 +51,14 @@ pub struct Config {
     /// Under Gunicorn (`parent_pid` set) the WebSocket close handshake
     /// comes out of it, see `run::drain_deadlines`.
     pub graceful_timeout: Duration,
+    /// During a drain: how long a request head not complete when it began
+    /// (or a new connection that sent nothing yet) gets, how long a
+    /// response may stall on a client that reads nothing, and when open
+    /// WebSockets get their close (1012 on a `max_requests` recycle, 1001
+    /// on a signal); see `server::drain`. Zero: none of these (heads get
+    /// `header_read_timeout`, stalled responses `send_timeout`, WebSockets
+    /// the drain deadline). Default 2 s.
+    pub drain_grace: Duration,
     /// Stop (and let the master re-fork) after this many requests; 0 = never.
     pub max_requests: u64,
     /// Most connections served at once; further ones wait in the backlog.
@@ -73,6 +81,10 @@ pub struct Config {
     pub send_buffer: usize,
     /// Parent process id to watch: if it changes, the worker shuts down.
     pub parent_pid: Option<u32>,
+    /// Under Gunicorn with two or more workers: a descriptor of the file
+    /// the master's workers lock so that their `max_requests` recycles do
+    /// not overlap (`server::recycle`). Set by `skirr.RustWorker`.
+    pub recycle_lock_fd: Option<i32>,
     /// Whether SIGINT is graceful (standalone) or quick (Gunicorn).
     pub sigint_graceful: bool,
     /// Emit one access-log line per request.
@@ -287,6 +299,7 @@ impl Default for Config {
             keepalive_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(30),
             graceful_timeout: Duration::from_secs(30),
+            drain_grace: Duration::from_secs(2),
             max_requests: 0,
             max_connections: 10_000,
             tokio_threads: 1,
@@ -295,6 +308,7 @@ impl Default for Config {
             body_buffer: 256 * 1024,
             send_buffer: 256 * 1024,
             parent_pid: None,
+            recycle_lock_fd: None,
             sigint_graceful: true,
             access_log: false,
             ws_max_message_size: 16 << 20,
@@ -402,6 +416,7 @@ impl Config {
                 "keepalive_timeout" => c.keepalive_timeout = secs(&v, key)?,
                 "header_read_timeout" => c.header_read_timeout = secs(&v, key)?,
                 "graceful_timeout" => c.graceful_timeout = secs(&v, key)?,
+                "drain_grace" => c.drain_grace = secs(&v, key)?,
                 "max_requests" => c.max_requests = count(&v, key)?,
                 "max_connections" => c.max_connections = count(&v, key)?,
                 "tokio_threads" => c.tokio_threads = count::<usize>(&v, key)?.max(1),
@@ -410,6 +425,7 @@ impl Config {
                 "body_buffer" => c.body_buffer = count::<usize>(&v, key)?.max(1),
                 "send_buffer" => c.send_buffer = count::<usize>(&v, key)?.max(1),
                 "parent_pid" => c.parent_pid = v.extract()?,
+                "recycle_lock_fd" => c.recycle_lock_fd = v.extract()?,
                 "sigint_graceful" => c.sigint_graceful = v.extract()?,
                 "access_log" => c.access_log = v.extract()?,
                 "server_timing" => c.server_timing = v.extract()?,

@@ -51,6 +51,8 @@ pub(crate) struct Timeouts {
     pub(crate) response_start: u64,
     /// `send_timeout`: a response the socket accepts nothing of.
     pub(crate) send: u64,
+    /// `drain_grace` (see `server::drain`).
+    pub(crate) drain_grace: u64,
 }
 
 impl Timeouts {
@@ -61,6 +63,7 @@ impl Timeouts {
             body: ms(cfg.body_read_timeout),
             response_start: ms(cfg.response_start_timeout),
             send: ms(cfg.send_timeout),
+            drain_grace: ms(cfg.drain_grace),
         }
     }
 }
@@ -116,6 +119,12 @@ pub(crate) struct Activity {
     /// Since when a write to the socket is pending ([`clock_ms`], at
     /// least 1); 0 while writes go through (see `send_timeout`).
     write_blocked_ms: AtomicU64,
+    /// The head being read has a field line over
+    /// `limit_request_field_size` (see `http::headscan`).
+    field_too_long: AtomicBool,
+    /// When this connection learned of the drain ([`clock_ms`], at least
+    /// 1); 0: not draining.
+    drain_ms: AtomicU64,
 }
 
 impl Activity {
@@ -123,6 +132,30 @@ impl Activity {
         let a = Activity::default();
         a.since_ms.store(clock_ms(), Ordering::Relaxed);
         a
+    }
+
+    /// The worker drains: `drain_grace` runs from now. True the first time.
+    pub(crate) fn drain_begun(&self) -> bool {
+        self.drain_ms
+            .compare_exchange(0, clock_ms().max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Whether the response head has gone to hyper (see
+    /// [`Activity::responded`]).
+    pub(crate) fn has_responded(&self) -> bool {
+        self.responded.load(Ordering::Relaxed)
+    }
+
+    /// See [`Activity::take_field_too_long`].
+    pub(crate) fn set_field_too_long(&self, v: bool) {
+        self.field_too_long.store(v, Ordering::Relaxed);
+    }
+
+    /// Whether the head just parsed had a field line over
+    /// `limit_request_field_size`, counted as received (once).
+    pub(crate) fn take_field_too_long(&self) -> bool {
+        self.field_too_long.swap(false, Ordering::Relaxed)
     }
 
     /// Bytes arrived on the socket.
@@ -262,8 +295,25 @@ impl Activity {
 
     pub(crate) fn check_at(&self, now: u64, t: &Timeouts) -> Verdict {
         let since = self.since_ms.load(Ordering::Relaxed);
+        // The drain's grace (`server::drain`): from when it began.
+        let drain = self.drain_ms.load(Ordering::Relaxed);
+        let drain_grace = (drain != 0 && t.drain_grace > 0).then_some(t.drain_grace);
         if self.busy.load(Ordering::Relaxed) {
             let mut next = now + t.keepalive.max(1);
+            if let Some(grace) = drain_grace {
+                // A client that reads nothing must not hold the drain: a
+                // write blocked for `grace` (counted from the drain at the
+                // earliest) closes the connection. Checked every `grace`.
+                next = next.min(now + grace.max(100));
+                let blocked = self.write_blocked_ms.load(Ordering::Relaxed);
+                if blocked != 0 {
+                    let due = blocked.max(drain) + grace;
+                    if now >= due {
+                        return Verdict::Close("drain: response not accepted in time");
+                    }
+                    next = next.min(due);
+                }
+            }
             if self.expired.load(Ordering::Relaxed) != 0 {
                 return Verdict::Next(next);
             }
@@ -294,12 +344,26 @@ impl Activity {
             }
             return Verdict::Next(next);
         }
-        let (limit, reason) = if self.reading_head.load(Ordering::Relaxed) {
+        let reading_head = self.reading_head.load(Ordering::Relaxed);
+        let (limit, reason) = if reading_head {
             (t.header, "request head not received in time")
         } else {
             (t.keepalive, "keep-alive idle timeout")
         };
-        let due = since + limit;
+        let mut due = since + limit;
+        if let Some(grace) = drain_grace {
+            // A head not complete when the drain began (a new connection's
+            // included) gets `grace`, not `header_read_timeout`. An idle
+            // keep-alive connection has its own, shorter, drain window
+            // (`http::conn::DRAIN_IDLE`).
+            if reading_head || !self.served.load(Ordering::Relaxed) {
+                let by = drain + grace;
+                if now >= by {
+                    return Verdict::Close("drain: request head not complete in time");
+                }
+                due = due.min(by);
+            }
+        }
         if now >= due {
             Verdict::Close(reason)
         } else {
@@ -318,6 +382,7 @@ mod tests {
         body: 3000,
         response_start: 0,
         send: 4000,
+        drain_grace: 2000,
     };
 
     fn since(a: &Activity) -> u64 {
@@ -406,5 +471,44 @@ mod tests {
         );
         a.responded();
         assert!(matches!(a.check_at(t0 + 2000, &t), Verdict::Next(_)));
+    }
+
+    #[test]
+    fn a_drain_bounds_heads_and_stalled_writes_by_its_grace() {
+        let t = Timeouts {
+            header: 30_000,
+            send: 60_000,
+            ..T
+        };
+        let head = Activity::new();
+        head.on_bytes();
+        assert!(head.drain_begun());
+        assert!(!head.drain_begun(), "once");
+        let d = head.drain_ms.load(Ordering::Relaxed);
+        assert_eq!(head.check_at(d + 1000, &t), Verdict::Next(d + 2000));
+        assert_eq!(
+            head.check_at(d + 2000, &t),
+            Verdict::Close("drain: request head not complete in time")
+        );
+        // Off: the header timeout alone.
+        let off = Timeouts {
+            drain_grace: 0,
+            ..t
+        };
+        assert!(matches!(head.check_at(d + 2000, &off), Verdict::Next(_)));
+
+        let busy = Activity::new();
+        busy.start_request();
+        busy.write_blocked();
+        busy.drain_begun();
+        let d = busy.drain_ms.load(Ordering::Relaxed);
+        assert!(matches!(busy.check_at(d + 1500, &t), Verdict::Next(_)));
+        assert_eq!(
+            busy.check_at(d + 2000, &t),
+            Verdict::Close("drain: response not accepted in time")
+        );
+        // A client that reads keeps its response going.
+        busy.write_ok();
+        assert!(matches!(busy.check_at(d + 5000, &t), Verdict::Next(_)));
     }
 }

@@ -236,9 +236,15 @@ async fn wait_readable<I: Readiness>(
     let mut drain_close: Option<u64> = None;
     poll_fn(|cx| {
         member.register(cx.waker());
+        if member.order() != Order::Serve && ctx.activity.drain_begun() {
+            // The drain's grace for a head not yet complete starts now:
+            // the timer looks again at once (`Activity::check`).
+            timer.as_mut().reset(deadline_at(clock_ms()));
+        }
         match member.order() {
             Order::Serve => {}
-            // A new connection's first request is still served.
+            // A new connection's first request is still served, if its
+            // head completes within `drain_grace`.
             Order::Drain if ctx.activity.is_fresh() => {}
             Order::Drain => {
                 // Bytes already here are a request: served (with close).
@@ -305,6 +311,7 @@ pub(crate) async fn serve<I>(
         inner: io,
         prefix: Bytes::new(),
         conn: Arc::clone(&ctx),
+        scan: crate::http::headscan::HeadScan::new(shared.config.limits.field_size),
     };
     let mut svc = {
         let ctx = Arc::clone(&ctx);
@@ -323,6 +330,7 @@ pub(crate) async fn serve<I>(
         }
         if std::mem::take(&mut first) && wants_h2(&mut io, &ctx).await {
             if let Some(h2) = &shared.http2 {
+                io.scan = None;
                 break crate::http::h2conn::serve(io, &ctx, &member, h2).await;
             }
         }
@@ -338,6 +346,7 @@ pub(crate) async fn serve<I>(
         }
         let upgraded = ctx.upgrade.lock().take();
         if let Some(ws) = upgraded {
+            io.scan = None;
             Box::pin(crate::websocket::driver::run(io, ws, &ctx, &member)).await;
             return;
         }
@@ -391,6 +400,13 @@ where
             member.register(cx.waker());
             registered = true;
         }
+        if member.order() != Order::Serve && ctx.activity.drain_begun() {
+            // The drain's deadlines (`drain_grace`: a head not complete, a
+            // client reading nothing) start now: the timer is re-armed to
+            // look at once.
+            timer.as_mut().reset(deadline_at(clock_ms()));
+            timer_armed = false;
+        }
         match member.order() {
             Order::Abort | Order::GoingAway => return Poll::Ready(Stopped::Ended("server stop")),
             _ if ctx.activity.is_abandoned() => {
@@ -404,8 +420,16 @@ where
             // connection waits until its first request has started.
             Order::Drain if !draining && !ctx.activity.is_fresh() => {
                 if ctx.activity.is_busy() {
-                    draining = true;
-                    Pin::new(&mut *conn).graceful_shutdown();
+                    // The response can still say `Connection: close` only
+                    // if its head is not out yet: hyper adds it to a head
+                    // it writes after this. A response already started
+                    // (a stream) ends without it, so the connection is
+                    // then kept as an idle one is (below), for a request
+                    // already on its way.
+                    if !ctx.activity.has_responded() {
+                        draining = true;
+                        Pin::new(&mut *conn).graceful_shutdown();
+                    }
                 } else {
                     let at = match drain_close {
                         Some(at) => at,
@@ -437,6 +461,17 @@ where
             } else {
                 Stopped::Ended("closed")
             });
+        }
+        if member.order() == Order::Drain
+            && !draining
+            && drain_close.is_none()
+            && !ctx.activity.is_busy()
+            && !ctx.activity.is_fresh()
+        {
+            // A response that started before the drain has just ended:
+            // its idle drain window (above) starts now.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         if drain_close.is_some() && !draining && ctx.activity.is_busy() {
             // A request arrived in the drain window: its response closes.

@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::http::conn::ConnCtx;
+use crate::http::headscan::HeadScan;
 
 /// Sockets whose read readiness can be awaited, and read without waiting.
 pub(crate) trait Readiness {
@@ -66,6 +67,9 @@ pub(crate) struct ConnIo<I> {
     pub(crate) inner: I,
     pub(crate) prefix: Bytes,
     pub(crate) conn: Arc<ConnCtx>,
+    /// Measures request heads' field lines as read (HTTP/1.x only; `None`
+    /// when the limit is off or the connection speaks something else).
+    pub(crate) scan: Option<HeadScan>,
 }
 
 impl<I: Readiness> ConnIo<I> {
@@ -96,6 +100,20 @@ impl<I: Readiness> ConnIo<I> {
     }
 }
 
+impl<I> ConnIo<I> {
+    /// Passes bytes read to the head scanner; its verdict goes to the
+    /// connection's activity, for the service.
+    fn scan(&mut self, bytes: &[u8]) {
+        if let Some(scan) = &mut self.scan {
+            let activity = &self.conn.activity;
+            let r = scan.feed(bytes, !activity.is_busy());
+            if r.started || r.too_long {
+                activity.set_field_too_long(r.too_long);
+            }
+        }
+    }
+}
+
 impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -105,8 +123,11 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            self.conn.activity.on_bytes();
+            let this = &mut *self;
+            this.prefix.advance(n);
+            this.conn.activity.on_bytes();
+            let filled = buf.filled();
+            this.scan(&filled[filled.len() - n..]);
             return Poll::Ready(Ok(()));
         }
         if self.conn.activity.peer_eof() {
@@ -123,6 +144,10 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
             let activity = &self.conn.activity;
             if buf.filled().len() > before {
                 activity.on_bytes();
+                if self.scan.is_some() {
+                    let this = &mut *self;
+                    this.scan(&buf.filled()[before..]);
+                }
             } else if room {
                 activity.on_eof();
                 if activity.awaits_response() {

@@ -18,6 +18,7 @@ pub(crate) mod conn;
 pub(crate) mod exchange;
 pub(crate) mod h2conn;
 pub(crate) mod h2io;
+pub(crate) mod headscan;
 pub(crate) mod interim;
 pub(crate) mod io;
 pub(crate) mod message;

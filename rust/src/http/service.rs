@@ -27,7 +27,7 @@ use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Awaited, BodyOut, Exchange};
 use crate::http::interim;
 use crate::server::Shared;
-use crate::wire::request::check_head;
+use crate::wire::request::{check_head, FIELD_TOO_LARGE};
 
 /// A request on its way to the application.
 pub(crate) struct HttpRequest {
@@ -344,7 +344,15 @@ pub(crate) async fn handle(
             ));
         }
     }
+    // A field line over the limit as received (its whitespace counted):
+    // after the request line's own limit, before the other checks.
+    let raw_too_long = conn.activity.take_field_too_long();
     let seen = match check_head(&parts, &shared.config.limits) {
+        Err(r) if r.status == StatusCode::URI_TOO_LONG => Err(r),
+        _ if raw_too_long => Err(FIELD_TOO_LARGE),
+        other => other,
+    };
+    let seen = match seen {
         Ok(seen) => seen,
         Err(r) => {
             tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);

@@ -2,11 +2,13 @@
 //! drain, send WebSocket "going away" closes, or abort.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 
 use parking_lot::Mutex;
+
+use crate::http::activity::clock_ms;
 
 /// What the server asks of a connection.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -29,6 +31,10 @@ pub(crate) enum Order {
 struct ConnSignal {
     order: AtomicU8,
     waker: Mutex<Option<Waker>>,
+    /// When the connection joined ([`clock_ms`]).
+    since_ms: u64,
+    /// A WebSocket: never retired for a newcomer (`server::admission`).
+    websocket: AtomicBool,
 }
 
 impl ConnSignal {
@@ -70,6 +76,11 @@ impl Member<'_> {
         self.signal.order()
     }
 
+    /// The connection became a WebSocket (see `server::admission`).
+    pub(crate) fn mark_websocket(&self) {
+        self.signal.websocket.store(true, Ordering::Relaxed);
+    }
+
     /// Stores the task's waker so an order can wake it (call once: a Tokio
     /// task's waker stays valid for the task's life).
     pub(crate) fn register(&self, waker: &Waker) {
@@ -92,6 +103,8 @@ impl Connections {
         let signal = Arc::new(ConnSignal {
             order: AtomicU8::new(r.order),
             waker: Mutex::new(None),
+            since_ms: clock_ms(),
+            websocket: AtomicBool::new(false),
         });
         r.live.insert(id, Arc::clone(&signal));
         Member {
@@ -112,6 +125,39 @@ impl Connections {
                 w.wake_by_ref();
             }
         }
+    }
+
+    /// Orders the HTTP connections (not WebSockets) still serving that
+    /// joined at least `hold` ago to drain — finish the current response,
+    /// with `Connection: close` — so newcomers get their slots
+    /// (`server::admission`). Returns how many.
+    pub(crate) fn retire_oldest(&self, hold: std::time::Duration) -> usize {
+        let r = self.inner.lock();
+        if r.order != Order::Serve as u8 {
+            return 0;
+        }
+        let before = clock_ms().saturating_sub(hold.as_millis() as u64);
+        let mut n = 0;
+        for signal in r.live.values() {
+            if signal.since_ms <= before
+                && !signal.websocket.load(Ordering::Relaxed)
+                && signal
+                    .order
+                    .compare_exchange(
+                        Order::Serve as u8,
+                        Order::Drain as u8,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                n += 1;
+                if let Some(w) = signal.waker.lock().as_ref() {
+                    w.wake_by_ref();
+                }
+            }
+        }
+        n
     }
 
     /// How many connections are open.
@@ -158,5 +204,26 @@ mod tests {
         drop(m);
         drop(late);
         assert_eq!(conns.len(), 0);
+    }
+
+    #[test]
+    fn retiring_skips_websockets_young_and_already_ordered_connections() {
+        let conns = Connections::default();
+        let old = conns.join();
+        let ws = conns.join();
+        ws.mark_websocket();
+        assert_eq!(conns.retire_oldest(std::time::Duration::ZERO), 1);
+        assert_eq!(old.order(), Order::Drain);
+        assert_eq!(ws.order(), Order::Serve, "a WebSocket is never retired");
+        assert_eq!(conns.retire_oldest(std::time::Duration::ZERO), 0, "once");
+        let young = conns.join();
+        assert_eq!(conns.retire_oldest(std::time::Duration::from_secs(3600)), 0);
+        assert_eq!(young.order(), Order::Serve);
+        conns.order_all(Order::Drain);
+        assert_eq!(
+            conns.retire_oldest(std::time::Duration::ZERO),
+            0,
+            "draining already"
+        );
     }
 }

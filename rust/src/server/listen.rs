@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::http::accept;
 use crate::http::conn::{self, ListenerInfo, LocalAddr};
 use crate::server::watchdog::Gate;
-use crate::server::Shared;
+use crate::server::{admission, Shared};
 
 /// A listening socket before the runtime exists.
 pub(crate) enum StdListener {
@@ -108,6 +108,14 @@ pub(crate) async fn accept_loop(
             StdListener::Unix(u) => Gate::new(&shared, u.as_fd()),
         }
     };
+    impl std::os::fd::AsRawFd for L {
+        fn as_raw_fd(&self) -> RawFd {
+            match self {
+                L::Tcp(t) => t.as_raw_fd(),
+                L::Unix(u) => u.as_raw_fd(),
+            }
+        }
+    }
     let l = match listener {
         StdListener::Tcp(t) => L::Tcp(TcpListener::from_std(t)?),
         StdListener::Unix(u) => L::Unix(UnixListener::from_std(u)?),
@@ -120,6 +128,8 @@ pub(crate) async fn accept_loop(
                     Ok(p) => Some(p),
                     Err(_) => return Ok(()),
                 },
+                // Every slot held: newcomers waiting get slots in turn.
+                _ = admission::while_full(&shared, &l) => return Ok(()),
                 _ = stop.cancelled() => return Ok(()),
             },
             None => None,

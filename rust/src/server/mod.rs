@@ -1,11 +1,14 @@
 //! The server: shared state, the Python-facing [`Server`] object, and the
 //! orchestration of a worker's life (see [`run`]).
 
+pub(crate) mod admission;
 pub(crate) mod cert_name;
 pub(crate) mod concurrency;
 pub(crate) mod connections;
+pub(crate) mod drain;
 pub(crate) mod health;
 pub(crate) mod listen;
+pub(crate) mod recycle;
 pub(crate) mod run;
 pub(crate) mod signals;
 pub(crate) mod tls;
@@ -74,6 +77,11 @@ pub(crate) struct Shared {
     pub(crate) health: health::Health,
     /// Requests in progress (`limit_concurrency`).
     pub(crate) concurrency: concurrency::Concurrency,
+    /// What the connections need to know of a drain (see [`drain`]).
+    pub(crate) drain: drain::DrainFacts,
+    /// Recycles coordinated with the master's other workers (see
+    /// [`recycle`]); `None` standalone or with one worker.
+    pub(crate) recycle: Option<recycle::Recycle>,
 }
 
 impl Shared {
@@ -122,6 +130,10 @@ impl Shared {
         let watchdog = watchdog::Watchdog::new(config.loop_stall_timeout);
         let health = health::Health::new(config.health_path.clone());
         let concurrency = concurrency::Concurrency::new(config.limit_concurrency);
+        let recycle = match config.recycle_lock_fd {
+            Some(fd) => Some(recycle::Recycle::new(fd)?),
+            None => None,
+        };
         Ok(Self {
             config,
             queue,
@@ -140,17 +152,24 @@ impl Shared {
             watchdog,
             health,
             concurrency,
+            drain: drain::DrainFacts::default(),
+            recycle,
         })
     }
 
     /// Counts a request handed to the app; at `max_requests` the worker
-    /// stops gracefully so the master re-forks it.
+    /// stops gracefully so the master re-forks it (once no other worker of
+    /// the master drains: see [`recycle`]).
     pub(crate) fn count_request(&self) {
         let n = self.dispatched.fetch_add(1, Ordering::Relaxed) + 1;
         if n == self.config.max_requests {
-            tracing::info!("Autorestarting worker after current request ({n} requests served).");
-            self.request_stop(Stop::Graceful("max requests"));
+            recycle::stop_for_max_requests(self, n);
         }
+    }
+
+    /// Requests handed to the app so far.
+    pub(crate) fn requests_served(&self) -> u64 {
+        self.dispatched.load(Ordering::Relaxed)
     }
 
     /// Asks the server to stop; a quick stop overrides a graceful one.

@@ -229,11 +229,15 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
         &control,
         &stop_accept,
     ));
+    crate::server::recycle::spawn(&shared);
 
     let stop = next_stop(&mut stop_rx).await;
     tracing::debug!("stopping: {stop:?}");
     shared.health.draining();
     let delayed = drain_delay(&shared, stop, &mut stop_rx).await;
+    if let Some(r) = &shared.recycle {
+        r.draining();
+    }
     stop_accept.cancel();
     for a in acceptors {
         match a.await {

@@ -84,6 +84,9 @@ struct Driver {
     /// Done: flushing what is buffered (a close reply among it) before the
     /// socket is dropped, bounded by `CLOSE_TIMEOUT`.
     finishing: Option<Pin<Box<Sleep>>>,
+    /// The worker drains: our close (1012 or 1001) goes out when this
+    /// fires (`drain_grace`, see `server::drain`).
+    drain_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Driver {
@@ -277,7 +280,22 @@ impl Driver {
             Order::GoingAway if !self.close_sent => {
                 self.send_close(CloseCode::Away, "server shutting down", ws, cx);
             }
+            Order::Drain if self.drain_timer.is_none() => {
+                let grace = self.conn.shared.config.drain_grace;
+                if !grace.is_zero() {
+                    self.drain_timer = Some(Box::pin(sleep(grace)));
+                }
+            }
             _ => {}
+        }
+        if let Some(t) = self.drain_timer.as_mut() {
+            if !self.close_sent && t.as_mut().poll(cx).is_ready() {
+                // The WebSocket would hold the drain until its deadline:
+                // the client is told now, with a code that says whether
+                // to reconnect (see `server::drain`).
+                let (code, reason) = self.conn.shared.drain.websocket_close();
+                self.send_close(code, reason, ws, cx);
+            }
         }
         if self.write(ws, cx).is_err() {
             self.outcome.get_or_insert((ABNORMAL, String::new()));
@@ -341,6 +359,8 @@ pub(crate) async fn run<I>(mut io: I, ws: Arc<WsShared>, conn: &Arc<ConnCtx>, me
 where
     I: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    // Never retired for a newcomer (`server::admission`).
+    member.mark_websocket();
     let shared = Arc::clone(&conn.shared);
     let cfg = &shared.config;
     let max = cfg.ws_max_message_size;
@@ -367,6 +387,7 @@ where
         failing: None,
         peer_closed: false,
         finishing: None,
+        drain_timer: None,
     };
     poll_fn(|cx| driver.poll(&mut stream, cx, member)).await;
     let (code, reason) = driver.outcome.take().unwrap_or((ABNORMAL, String::new()));
