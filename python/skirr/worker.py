@@ -34,7 +34,7 @@ from typing import Any
 import gunicorn
 from gunicorn.workers.base import Worker
 
-from skirr import config, gunicorn_settings
+from skirr import config, gunicorn_settings, metrics
 from skirr._skirr import StartupFailed
 from skirr.asgi import AppLoadError, app_traceback, as_asgi3
 from skirr.serve import GUNICORN_SIGNALS, serve
@@ -224,6 +224,23 @@ def load_error_app(report: str) -> Any:
 class RustWorker(Worker):
     """A Gunicorn worker serving ASGI applications with Skirr's Rust core."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Gunicorn's master constructs each worker object before forking
+        # it: the metrics listener and shared table are made here, once per
+        # master (skirr.metrics), and inherited by every worker. A bind
+        # failure is reported by the worker as a boot error (exit 3), which
+        # stops the master with the message, as other option errors do.
+        self._metrics: metrics.Exposition | None = None
+        self._metrics_error: str | None = None
+        try:
+            fallback = gunicorn_settings.fallback(self.cfg, self.max_requests)
+            bind = config.resolve(fallback=fallback, only=("metrics_bind",))["metrics_bind"]
+            if bind:
+                self._metrics = metrics.exposition(bind, "metrics_bind", self.log)
+        except config.ConfigError as e:
+            self._metrics_error = str(e)
+
     def load_wsgi(self) -> None:
         # As Gunicorn's base worker and its -k asgi worker: with --reload, a
         # SyntaxError is logged and served as a 500, and the broken file is
@@ -296,6 +313,8 @@ class RustWorker(Worker):
             if problems.errors:
                 raise config.ConfigError("; ".join(problems.errors))
             values = self._options()
+            if self._metrics_error:
+                raise config.ConfigError(self._metrics_error)
             config.check_tls_files(values, config.GUNICORN_NAMES)
         except config.ConfigError as e:
             self.log.error("skirr: %s", e)
@@ -310,6 +329,8 @@ class RustWorker(Worker):
             app = with_request_hooks(app, self)
         listeners = [(s.sock.fileno(), "unix" if s.sock.family == socket.AF_UNIX else "tcp") for s in self.sockets]
         rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True)
+        if self._metrics is not None:
+            rust.update(self._metrics.rust_config())
         interval = max(0.5, min(self.timeout / 2.0, 2.0))
         if self.cfg.reload:
             interval = min(interval, 0.5)  # react to the reloader promptly

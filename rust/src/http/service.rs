@@ -268,6 +268,7 @@ fn answer(
     reason: &'static str,
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
+    conn.shared.metrics.refused_status(status);
     if conn.shared.config.access_log {
         conn.shared.queue.push(Event::Access(
             Box::new(HttpRequest {
@@ -294,7 +295,7 @@ pub(crate) async fn handle(
 ) -> Result<Response<ResponseBody>, Infallible> {
     let cfg = &conn.shared.config;
     let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
-    let busy = BusyGuard::new(&conn);
+    let mut busy = BusyGuard::new(&conn, req.method(), req.version());
     let shared = &*conn.shared;
     shared.count_request();
     let (mut parts, mut body) = req.into_parts();
@@ -479,6 +480,7 @@ pub(crate) async fn handle(
             }
         }
     }
+    busy.responded(head.status);
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),
         BodyOut::File { file, len } => ResponseBody::file(file, len, busy),

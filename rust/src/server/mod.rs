@@ -65,6 +65,9 @@ pub(crate) struct Shared {
     pub(crate) signal_hook: std::sync::OnceLock<Py<PyAny>>,
     /// Signals forwarded to the app's `loop.add_signal_handler` callbacks.
     pub(crate) signals: signals::Forwarding,
+    /// This worker's slot in the shared metrics table (a no-op when
+    /// `metrics_bind` is off).
+    pub(crate) metrics: crate::metrics::Recorder,
 }
 
 impl Shared {
@@ -110,6 +113,10 @@ impl Shared {
             .map(|h| crate::http::h2conn::builder(h, &config, tracker.clone()));
         // One Tokio thread: announce events when it parks (see PyQueue).
         let queue = PyQueue::new(config.tokio_threads <= 1)?;
+        let metrics = match config.metrics_table_fd {
+            Some(fd) => crate::metrics::Recorder::attach(fd)?,
+            None => crate::metrics::Recorder::default(),
+        };
         Ok(Self {
             config,
             queue,
@@ -125,6 +132,7 @@ impl Shared {
             tls_server_cert,
             signal_hook: std::sync::OnceLock::new(),
             signals: signals::Forwarding::default(),
+            metrics,
         })
     }
 
@@ -234,6 +242,21 @@ impl Server {
     #[getter]
     fn event_fd(&self) -> i32 {
         self.shared.queue.fd()
+    }
+
+    /// This worker's slot in the metrics table (the `worker` label), or
+    /// `None` when metrics are off.
+    #[getter]
+    fn metrics_worker(&self) -> Option<usize> {
+        self.shared.metrics.index()
+    }
+
+    /// Records the event loop's lateness: its probe timer ran `lag`
+    /// seconds late, and the next is due in `next` seconds (see
+    /// `skirr.serve`). A no-op when metrics are off.
+    fn loop_lag(&self, lag: f64, next: f64) {
+        let d = |s: f64| std::time::Duration::from_secs_f64(s.clamp(0.0, 1e6));
+        self.shared.metrics.loop_lag(d(lag), d(next));
     }
 
     /// Requests handed to the application so far.
