@@ -208,6 +208,22 @@ def test_standalone_gauges_loop_lag_limits_and_websockets():
             assert c.read_response().status == 404
 
 
+def test_http2_requests_and_connections_are_labelled_http2():
+    import httpx
+
+    mport = free_port()
+    with skirr(APP, "--metrics-bind", f"127.0.0.1:{mport}", "--http2") as s:
+        with httpx.Client(base_url=s.url, http1=False, http2=True, timeout=TIMEOUT) as c:
+            for _ in range(5):
+                assert c.get("/").http_version == "HTTP/2"
+            fams = scrape(mport)
+            assert total(fams, "skirr_connections_open", protocol="http2") == 1
+        wait_until(lambda: total(scrape(mport), "skirr_requests", protocol="http2") == 5, what="5 h2 requests")
+        fams = scrape(mport)
+        assert total(fams, "skirr_connections", "skirr_connections_total", protocol="http2") == 1
+        wait_until(lambda: total(scrape(mport), "skirr_connections_open", protocol="http2") == 0, what="h2 closed")
+
+
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
         return json.loads(r.read())
