@@ -181,6 +181,11 @@ def test_standalone_gauges_loop_lag_limits_and_websockets():
         assert request(s.port, "GET", "/status/404").status == 404
         wait_until(lambda: total(scrape(mport), "skirr_refused", limit="max_body_size") == 1, what="413 counted")
         assert total(scrape(mport), "skirr_requests", status="4xx") == 2
+        assert request(s.port, "GET", "/" + "a" * 5000).status == 414
+        # hyper answers too many fields itself (no request reaches Skirr's service).
+        assert request(s.port, "GET", "/", headers=[(f"x-f{i}", "v") for i in range(150)]).status == 431
+        wait_until(lambda: total(scrape(mport), "skirr_refused", limit="request_head") == 1, what="431 counted")
+        assert total(scrape(mport), "skirr_refused", limit="limit_request_line") == 1
         with connect(f"ws://127.0.0.1:{s.port}/ws", open_timeout=TIMEOUT) as ws:
             ws.send("hi")
             assert ws.recv(timeout=TIMEOUT) == "hi"

@@ -182,11 +182,19 @@ pub fn create_table() -> io::Result<RawFd> {
 /// A mapped table; mapped once per process and never unmapped.
 #[derive(Clone, Copy)]
 pub(crate) struct Table {
-    base: &'static [u8; TABLE_BYTES],
+    /// The mapping (TABLE_BYTES long). A raw pointer, not a `&[u8]`:
+    /// other processes write it concurrently, through atomics only.
+    base: std::ptr::NonNull<u8>,
     fd: RawFd,
     /// This process's slot.
     own: usize,
 }
+
+// SAFETY: the mapping is shared memory valid for the life of the process
+// and accessed only through the atomics of `Slot`, which are Sync.
+unsafe impl Send for Table {}
+// SAFETY: as above.
+unsafe impl Sync for Table {}
 
 impl Table {
     fn slot(&self, i: usize) -> &'static Slot {
@@ -248,8 +256,9 @@ impl Recorder {
     /// Errors: `mmap(2)` failures, a descriptor that is not a table, or
     /// every slot taken.
     pub(crate) fn attach(fd: RawFd) -> io::Result<Recorder> {
-        // SAFETY: fstat on a caller-provided fd into a zeroed stat buffer.
+        // SAFETY: `stat` is a plain C struct; all-zero is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat on a caller-provided fd into that buffer.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -274,9 +283,9 @@ impl Recorder {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: the mapping is TABLE_BYTES long, page-aligned and never
-        // unmapped; it is only accessed through atomics (see `Table::slot`).
-        let base: &'static [u8; TABLE_BYTES] = unsafe { &*(p as *const [u8; TABLE_BYTES]) };
+        let Some(base) = std::ptr::NonNull::new(p.cast::<u8>()) else {
+            return Err(io::Error::other("mmap returned a null mapping"));
+        };
         for i in 0..SLOTS {
             let fl = lock_range(i, libc::F_WRLCK);
             // SAFETY: a non-blocking record lock on our fd's byte range.
