@@ -213,6 +213,21 @@ def test_standalone_gauges_loop_lag_limits_and_websockets():
             assert c.read_response().status == 404
 
 
+def test_timeouts_are_counted_by_limit():
+    mport = free_port()
+    args = ("--metrics-bind", f"127.0.0.1:{mport}", "--response-start-timeout", "0.3", "--body-read-timeout", "0.3")
+    with skirr(APP, *args) as s:
+        assert request(s.port, "GET", "/slow").status == 503
+        with RawConn(s.port) as c:
+            c.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
+            assert c.read_response().status == 408
+        wait_until(lambda: total(scrape(mport), "skirr_refused", limit="body_read_timeout") == 1, what="408 counted")
+        fams = scrape(mport)
+        assert total(fams, "skirr_refused", limit="response_start_timeout") == 1
+        assert total(fams, "skirr_refused") == 2
+        assert total(fams, "skirr_requests", status="5xx") == 1
+
+
 def test_http2_requests_and_connections_are_labelled_http2():
     import httpx
 

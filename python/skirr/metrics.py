@@ -69,7 +69,12 @@ def exposition(bind: str, setting: str = "metrics_bind", log: Any = None) -> Exp
         sock.close()
         reason = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
         raise ConfigError(f"{setting} {bind}: cannot bind: {reason}") from None
-    exp = Exposition(bind, sock, metrics_table())
+    try:
+        table = metrics_table()
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"{setting} {bind}: cannot create the shared metrics table: {e}") from None
+    exp = Exposition(bind, sock, table)
     _OPEN[key] = exp
     if log is not None:
         log.info("skirr: Prometheus metrics of every worker at %s", exp.url)

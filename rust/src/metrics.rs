@@ -108,16 +108,21 @@ const LIMITS: [&str; 5] = [
     "response_start_timeout",
 ];
 
+/// The reason (the body) of the server's 503 for `response_start_timeout`.
+pub(crate) const RESPONSE_START_REASON: &str = "the application did not respond in time";
+
 impl Limit {
-    /// The limit behind a status the server answers with itself (408, 413,
-    /// 414, 431, 503); `None` for other statuses (a 400 is no limit).
-    pub(crate) fn of_status(status: http::StatusCode) -> Option<Limit> {
+    /// The limit behind an answer the server gives itself (408, 413, 414,
+    /// 431, and the 503 with [`RESPONSE_START_REASON`]); `None` for other
+    /// answers (a 400 is no limit; another 503 is some other limit's, which
+    /// calls [`Recorder::refused`] itself).
+    pub(crate) fn of_answer(status: http::StatusCode, reason: &str) -> Option<Limit> {
         Some(match status.as_u16() {
             408 => Limit::BodyReadTimeout,
             413 => Limit::MaxBodySize,
             414 => Limit::RequestLine,
             431 => Limit::RequestHead,
-            503 => Limit::ResponseStartTimeout,
+            503 if reason == RESPONSE_START_REASON => Limit::ResponseStartTimeout,
             _ => return None,
         })
     }
@@ -389,10 +394,10 @@ impl Recorder {
         }
     }
 
-    /// The server answered a request itself with `status`: counted as
-    /// refused if the status is one of a limit ([`Limit::of_status`]).
-    pub(crate) fn refused_status(&self, status: http::StatusCode) {
-        if let Some(limit) = Limit::of_status(status) {
+    /// The server answered a request itself with `status` and `reason`:
+    /// counted as refused if that is a limit's answer ([`Limit::of_answer`]).
+    pub(crate) fn refused_answer(&self, status: http::StatusCode, reason: &str) {
+        if let Some(limit) = Limit::of_answer(status, reason) {
             self.refused(limit);
         }
     }
@@ -847,8 +852,13 @@ mod tests {
         {
             let _gone = rec.request(&http::Method::POST, http::Version::HTTP_2);
         }
-        rec.refused_status(http::StatusCode::PAYLOAD_TOO_LARGE);
-        rec.refused_status(http::StatusCode::BAD_REQUEST);
+        rec.refused_answer(
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large",
+        );
+        rec.refused_answer(http::StatusCode::BAD_REQUEST, "invalid request body");
+        rec.refused_answer(http::StatusCode::SERVICE_UNAVAILABLE, "some other limit");
+        rec.refused_answer(http::StatusCode::SERVICE_UNAVAILABLE, RESPONSE_START_REASON);
         let text = rec.render().expect("rendered");
         assert!(text.contains(
             "skirr_requests_total{worker=\"0\",method=\"GET\",status=\"2xx\",protocol=\"http1\"} 1\n"
@@ -860,6 +870,9 @@ mod tests {
         assert!(text.contains("skirr_requests_in_flight{worker=\"0\"} 0\n"));
         assert!(text.contains("skirr_request_duration_seconds_count{worker=\"0\"} 1\n"));
         assert!(text.contains("skirr_refused_total{worker=\"0\",limit=\"max_body_size\"} 1\n"));
+        assert!(
+            text.contains("skirr_refused_total{worker=\"0\",limit=\"response_start_timeout\"} 1\n")
+        );
         assert!(text.contains("skirr_worker_starts_total{worker=\"0\"} 1\n"));
         assert!(text.contains("skirr_worker_restarts_total 0\n"));
     }

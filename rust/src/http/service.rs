@@ -86,7 +86,7 @@ async fn read_small_body(
                 Some(Expired::ResponseStart) => {
                     return Poll::Ready(Err((
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "the application did not respond in time",
+                        crate::metrics::RESPONSE_START_REASON,
                     )))
                 }
                 None => {}
@@ -204,7 +204,7 @@ pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
             );
             exch.reject(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the application did not respond in time",
+                crate::metrics::RESPONSE_START_REASON,
                 shared,
             );
         }
@@ -268,7 +268,7 @@ fn answer(
     reason: &'static str,
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
-    conn.shared.metrics.refused_status(status);
+    conn.shared.metrics.refused_answer(status, reason);
     if conn.shared.config.access_log {
         conn.shared.queue.push(Event::Access(
             Box::new(HttpRequest {
