@@ -20,6 +20,9 @@ to stop:
   gets the worker replaced, as with Gunicorn's other workers.
 * Settings: see :mod:`skirr.gunicorn_settings` (which apply, which are
   warned about, which stop the boot).
+* ``metrics_bind``: the master binds the metrics listener and creates the
+  shared table when it constructs its first worker, before the fork (see
+  :mod:`skirr.metrics`); every worker serves the whole table.
 """
 
 from __future__ import annotations

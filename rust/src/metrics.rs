@@ -734,6 +734,9 @@ fn render(t: &Table) -> String {
     out
 }
 
+/// Scrape connections served at once by one worker; more wait in the
+/// listener's backlog (Prometheus sends one per scrape interval).
+const MAX_SCRAPES: usize = 16;
 /// Longest request head the exposition reads.
 const MAX_SCRAPE_HEAD: usize = 8192;
 /// A scraper must send its request head within this.
@@ -757,10 +760,17 @@ pub(crate) fn listener(fd: RawFd) -> io::Result<tokio::net::TcpListener> {
 /// Accepts scrapes on `listener` until the runtime ends; each connection
 /// gets one response (`Connection: close`), rendered from the whole table.
 pub(crate) async fn serve(listener: tokio::net::TcpListener, rec: Recorder) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     loop {
+        let Ok(permit) = std::sync::Arc::clone(&slots).acquire_owned().await else {
+            return; // never closed
+        };
         match listener.accept().await {
             Ok((sock, _)) => {
-                tokio::spawn(answer(sock, rec));
+                tokio::spawn(async move {
+                    answer(sock, rec).await;
+                    drop(permit);
+                });
             }
             Err(e) => {
                 // Out of descriptors (or a transient error): try again
