@@ -71,7 +71,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Errors: the TLS settings (a one-line `ValueError`), or the eventfd.
+    /// Errors: the TLS settings or the metrics table (a one-line
+    /// `ValueError`), or the eventfd.
     pub(crate) fn new(config: Config) -> PyResult<Self> {
         let (tls, tls_server_cert) = match &config.tls {
             Some(t) => {
@@ -114,7 +115,12 @@ impl Shared {
         // One Tokio thread: announce events when it parks (see PyQueue).
         let queue = PyQueue::new(config.tokio_threads <= 1)?;
         let metrics = match config.metrics_table_fd {
-            Some(fd) => crate::metrics::Recorder::attach(fd)?,
+            // A ValueError: the worker exits with Gunicorn's boot error.
+            Some(fd) => crate::metrics::Recorder::attach(fd).map_err(|e| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "metrics_bind: cannot use the shared metrics table: {e}"
+                ))
+            })?,
             None => crate::metrics::Recorder::default(),
         };
         Ok(Self {
