@@ -6,11 +6,13 @@ Debian package) scrapes and is queried when its binary is installed."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import threading
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +21,15 @@ from harness import PY, TIMEOUT, RawConn, gunicorn, request, skirr, start, wait_
 from prometheus_client.parser import text_string_to_metric_families
 
 APP = "apps.metrics_app:app"
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "skirr-dashboard.json"
+
+
+def dashboard_exprs() -> list[str]:
+    """The PromQL of every panel of deploy/grafana/skirr-dashboard.json, with
+    Grafana's variables replaced as Grafana would."""
+    d = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+    return [e.replace("$__rate_interval", "1m").replace("$__range", "5m").replace("$job", ".*") for e in exprs]
 
 
 def free_port() -> int:
@@ -92,6 +103,10 @@ def test_two_workers_one_endpoint_counts_sum():
         assert total(fams, "skirr_received_bytes") > 200 * 100
         assert total(fams, "skirr_connections", "skirr_connections_total", protocol="http1") >= 200
         assert total(fams, "skirr_worker_restarts") == 0
+        # Every series the Grafana dashboard reads is in the scrape.
+        names = {s.name for _, samples in fams.values() for s in samples}
+        wanted = {m for e in dashboard_exprs() for m in re.findall(r"skirr_[a-z_]+", e)}
+        assert wanted and wanted <= names, wanted - names
         print("scrape with -w 2:\n" + scrape_text(mport)[:1500])
 
 
@@ -293,5 +308,9 @@ def test_a_real_prometheus_scrapes_and_sums():
                 workers = _get_json(base + "/api/v1/query?query=skirr_worker_up")["data"]["result"]
                 print("Prometheus: sum(skirr_requests_total{method=POST}) = 120; skirr_worker_up:", workers)
                 assert sorted(w["metric"]["worker"] for w in workers) == ["0", "1"]
+                # The Grafana dashboard's queries parse and evaluate.
+                for e in dashboard_exprs():
+                    q = base + "/api/v1/query?" + urllib.parse.urlencode({"query": e})
+                    assert _get_json(q)["status"] == "success", e
             finally:
                 prom.stop()
