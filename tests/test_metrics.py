@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -142,6 +143,27 @@ def test_a_killed_worker_keeps_its_counts_and_its_slot_is_taken_over():
         posts(g.port, 10, threads=1)
         wait_until(lambda: total(scrape(mport), "skirr_requests", method="POST") == 40, what="40 counted")
         assert {s.labels["worker"] for s in scrape(mport)["skirr_worker_up"][1]} == {"0"}
+
+
+def test_a_hup_keeps_the_endpoint_and_the_totals():
+    mport = free_port()
+    with gunicorn(APP, "-w", "2", env={"SKIRR_METRICS_BIND": f"127.0.0.1:{mport}"}) as g:
+        old = set(wait_until(lambda: len(worker_pids(g.proc.pid)) == 2 and worker_pids(g.proc.pid), what="workers"))
+        posts(g.port, 50)
+        wait_until(lambda: total(scrape(mport), "skirr_requests", method="POST") == 50, what="50 counted")
+        g.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: len(worker_pids(g.proc.pid)) == 2 and not old & set(worker_pids(g.proc.pid)), what="new workers"
+        )
+        wait_until(lambda: total(scrape(mport), "skirr_worker_up") == 2, what="2 live slots")
+        posts(g.port, 50)
+        wait_until(lambda: total(scrape(mport), "skirr_requests", method="POST") == 100, what="100 counted")
+        fams = scrape(mport)
+        # A new worker takes a free slot: a new one while the old workers
+        # drain, or an old one's once it has exited (its counts stay).
+        assert total(fams, "skirr_worker_starts") == 4
+        assert 2 <= len(fams["skirr_worker_up"][1]) <= 4
+        assert len(fams["skirr_requests_in_flight"][1]) == 2, "gauges of live workers only"
 
 
 def boot_error(env: dict, *args: str) -> str:
