@@ -19,7 +19,7 @@ import stat
 import sys
 from collections.abc import Sequence
 
-from skirr import __version__, config, logs
+from skirr import __version__, config, logs, metrics
 from skirr._skirr import StartupFailed
 from skirr.asgi import AppLoadError, app_traceback, as_asgi3, import_app
 from skirr.serve import serve
@@ -157,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(app_traceback(e.cause), end="", file=sys.stderr)
             return _fail(str(e))
         return _fail(f"{e}; --log-level debug shows the traceback")
+    exposition = None
+    if values["metrics_bind"]:
+        try:
+            exposition = metrics.exposition(values["metrics_bind"], "--metrics-bind", error_log)
+        except config.ConfigError as e:
+            return _fail(str(e))
     try:
         sock, kind, name = open_listener(args)
     except OSError as e:
@@ -164,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if values.get("ssl_certfile") and name.startswith("http://"):
         name = "https://" + name[len("http://") :]
     rust = config.rust_config(values, access_log=access_log is not None, sigint_graceful=True)
+    if exposition is not None:
+        rust.update(exposition.rust_config())
 
     def announce(server: object) -> None:
         # Only once the Rust core has accepted the settings (TLS files included).

@@ -87,6 +87,29 @@ def _compression(v: Any) -> str:
     return ",".join(codings)
 
 
+def split_host_port(v: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9100`` for IPv6; an empty host is every IPv4
+    interface, ``0.0.0.0``) as ``(host, port)``. Raises ``ValueError``."""
+    host, sep, port = str(v).strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"must be HOST:PORT (e.g. 127.0.0.1:9100), got {v!r}")
+    n = int(port)
+    if not 0 <= n <= 65535:
+        raise ValueError(f"port must be 0-65535, got {n}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"an IPv6 host goes in brackets ([::1]:{n}), got {v!r}")
+    return host or "0.0.0.0", n
+
+
+def _host_port(v: Any) -> str | None:
+    if v is None or str(v).strip() == "":
+        return None
+    split_host_port(str(v))
+    return str(v).strip()
+
+
 def _optional_str(v: Any) -> str | None:
     return None if v is None or str(v) == "" else str(v)
 
@@ -499,6 +522,13 @@ OPTIONS: tuple[Option, ...] = (
         "close a TLS connection whose handshake is not done within this (seconds; 0: never)",
     ),
     Option(
+        "metrics_bind",
+        None,
+        _host_port,
+        "serve Prometheus metrics of every worker at http://HOST:PORT/metrics (e.g. 127.0.0.1:9100; off by default)",
+        rust=False,
+    ),
+    Option(
         "ssl_version",
         [],
         _tls_versions,
@@ -518,10 +548,12 @@ def resolve(
     explicit: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     fallback: Mapping[str, Any] | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Every option's value: ``explicit`` (e.g. CLI flags; ``None`` values are
-    ignored), then ``SKIRR_*`` in ``environ``, then ``fallback`` (e.g. from
-    Gunicorn settings), then the default.
+    """Every option's value (or those named in ``only``): ``explicit`` (e.g.
+    CLI flags; ``None`` values are ignored), then ``SKIRR_*`` in
+    ``environ``, then ``fallback`` (e.g. from Gunicorn settings), then the
+    default.
 
     Raises :class:`ConfigError` naming the option and where its value came from.
     """
@@ -529,7 +561,7 @@ def resolve(
     environ = os.environ if environ is None else environ
     fallback = fallback or {}
     out: dict[str, Any] = {}
-    for opt in OPTIONS:
+    for opt in OPTIONS if only is None else [BY_NAME[n] for n in only]:
         if explicit.get(opt.name) is not None:
             raw, source = explicit[opt.name], opt.flag
         elif opt.env in environ:

@@ -22,6 +22,9 @@ from skirr._skirr import Server
 
 LOOP_JOIN_TIMEOUT = 5.0
 
+#: How often the event-loop lag probe runs (seconds), when metrics are on.
+LOOP_LAG_INTERVAL = 0.5
+
 #: Signals the Rust core handles while serving.
 RUST_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1)
 
@@ -167,6 +170,22 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     return _loop_class(asyncio.SelectorEventLoop)()
 
 
+def _probe_loop_lag(loop: asyncio.AbstractEventLoop, server: Server) -> None:
+    """A timer on the loop that reports how late it runs
+    (``skirr_event_loop_lag_seconds``); the Rust side also reports a probe
+    that is overdue, which is how a blocked loop shows."""
+    due = loop.time() + LOOP_LAG_INTERVAL
+
+    def probe() -> None:
+        nonlocal due
+        now = loop.time()
+        server.loop_lag(max(0.0, now - due), LOOP_LAG_INTERVAL)
+        due = now + LOOP_LAG_INTERVAL
+        loop.call_at(due, probe)
+
+    loop.call_at(due, probe)
+
+
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
     asyncio.set_event_loop(loop)
     loop.run_forever()
@@ -232,6 +251,8 @@ def serve(
     if isinstance(loop, _ForwardedSignals):
         loop._skirr_signals = forwarder
     loop.add_reader(server.event_fd, server.drain)
+    if server.metrics_worker is not None:
+        _probe_loop_lag(loop, server)
     if heartbeat is not None:
         notify, interval = heartbeat
 

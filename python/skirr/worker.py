@@ -20,6 +20,9 @@ to stop:
   gets the worker replaced, as with Gunicorn's other workers.
 * Settings: see :mod:`skirr.gunicorn_settings` (which apply, which are
   warned about, which stop the boot).
+* ``metrics_bind``: the master binds the metrics listener and creates the
+  shared table when it constructs its first worker, before the fork (see
+  :mod:`skirr.metrics`); every worker serves the whole table.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 import gunicorn
 from gunicorn.workers.base import Worker
 
-from skirr import config, gunicorn_settings
+from skirr import config, gunicorn_settings, metrics
 from skirr._skirr import StartupFailed
 from skirr.asgi import AppLoadError, app_traceback, as_asgi3
 from skirr.serve import GUNICORN_SIGNALS, serve
@@ -254,6 +257,20 @@ class RustWorker(Worker):
                 self._recycle_fd = _recycle_lock_fd(self.cfg.worker_tmp_dir)
             except OSError as e:
                 self.log.warning("skirr: no recycle coordination between workers: %s", e)
+        # Gunicorn's master constructs each worker object before forking
+        # it: the metrics listener and shared table are made here, once per
+        # master (skirr.metrics), and inherited by every worker. A bind
+        # failure is reported by the worker as a boot error (exit 3), which
+        # stops the master with the message, as other option errors do.
+        self._metrics: metrics.Exposition | None = None
+        self._metrics_error: str | None = None
+        try:
+            fallback = gunicorn_settings.fallback(self.cfg, self.max_requests)
+            bind = config.resolve(fallback=fallback, only=("metrics_bind",))["metrics_bind"]
+            if bind:
+                self._metrics = metrics.exposition(bind, "metrics_bind", self.log)
+        except config.ConfigError as e:
+            self._metrics_error = str(e)
 
     def load_wsgi(self) -> None:
         # As Gunicorn's base worker and its -k asgi worker: with --reload, a
@@ -327,6 +344,8 @@ class RustWorker(Worker):
             if problems.errors:
                 raise config.ConfigError("; ".join(problems.errors))
             values = self._options()
+            if self._metrics_error:
+                raise config.ConfigError(self._metrics_error)
             config.check_tls_files(values, config.GUNICORN_NAMES)
         except config.ConfigError as e:
             self.log.error("skirr: %s", e)
@@ -344,6 +363,8 @@ class RustWorker(Worker):
         if self._recycle_fd is not None and values["max_requests"] > 0:
             extra["recycle_lock_fd"] = self._recycle_fd
         rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True, **extra)
+        if self._metrics is not None:
+            rust.update(self._metrics.rust_config())
         interval = max(0.5, min(self.timeout / 2.0, 2.0))
         if self.cfg.reload:
             interval = min(interval, 0.5)  # react to the reloader promptly

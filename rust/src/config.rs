@@ -164,6 +164,12 @@ pub struct Config {
     pub proxy_protocol: Option<ProxyProtocol>,
     /// HTTP/2 (see [`Http2`]); `None` (the default) serves HTTP/1.1 only.
     pub http2: Option<Http2>,
+    /// The shared metrics table (a memfd made by `skirr._skirr.metrics_table`
+    /// before fork); `None` (the default) records nothing.
+    pub metrics_table_fd: Option<i32>,
+    /// The exposition's listening socket (`metrics_bind`, bound by the
+    /// master, inherited); `None`: this worker serves no scrapes.
+    pub metrics_fd: Option<i32>,
 }
 
 /// HTTP/2 settings: Gunicorn's `http_protocols`, `http2_cleartext` and
@@ -333,6 +339,8 @@ impl Default for Config {
             compression: None,
             proxy_protocol: None,
             http2: None,
+            metrics_table_fd: None,
+            metrics_fd: None,
         }
     }
 }
@@ -573,6 +581,8 @@ impl Config {
                     h2.max_header_list_size = count::<u32>(&v, key)?.max(1)
                 }
                 "http2_websockets" => h2.websockets = v.extract()?,
+                "metrics_table_fd" => c.metrics_table_fd = v.extract()?,
+                "metrics_fd" => c.metrics_fd = v.extract()?,
                 "http2_ping_interval" => h2.ping_interval = secs(&v, key)?,
                 "http2_ping_timeout" => h2.ping_timeout = secs(&v, key)?,
                 "forwarder_headers" => {

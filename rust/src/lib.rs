@@ -22,6 +22,8 @@ mod lifespan;
 #[cfg(feature = "python")]
 mod logging;
 #[cfg(feature = "python")]
+mod metrics;
+#[cfg(feature = "python")]
 mod runtime;
 #[cfg(feature = "python")]
 mod server;
@@ -74,7 +76,19 @@ fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("StartupFailed", py.get_type::<errors::StartupFailed>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(pyo3::wrap_pyfunction!(metrics_table, m)?)?;
     Ok(())
+}
+
+/// Creates the shared metrics table (`metrics_bind`) in the process that
+/// forks the workers, before it forks; returns its descriptor, to keep
+/// open and hand to each worker's server as `metrics_table_fd`.
+///
+/// Raises `OSError` if the memfd cannot be created.
+#[cfg(feature = "python")]
+#[pyfunction]
+fn metrics_table() -> PyResult<i32> {
+    Ok(metrics::create_table()?)
 }
 
 #[cfg(all(test, feature = "jemalloc"))]

@@ -330,8 +330,9 @@ impl ResponseBody {
     pub(crate) fn plain(
         status: StatusCode,
         reason: &'static str,
-        busy: BusyGuard,
+        mut busy: BusyGuard,
     ) -> Response<Self> {
+        busy.responded(status);
         let mut resp = Response::new(Self::full(Bytes::from_static(reason.as_bytes()), busy));
         *resp.status_mut() = status;
         resp.headers_mut().insert(

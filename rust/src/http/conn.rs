@@ -173,18 +173,37 @@ async fn wants_h2<I: AsyncRead + Unpin>(io: &mut ConnIo<I>, ctx: &ConnCtx) -> bo
 }
 
 /// Marks the connection busy for the lifetime of one request/response;
-/// holds the request's `limit_concurrency` slot, if any, as long.
-pub(crate) struct BusyGuard(Arc<ConnCtx>, Option<crate::server::concurrency::Slot>);
+/// meters the request when metrics are on, and holds its
+/// `limit_concurrency` slot, if any, as long.
+pub(crate) struct BusyGuard(
+    Arc<ConnCtx>,
+    Option<crate::metrics::RequestMeter>,
+    Option<crate::server::concurrency::Slot>,
+);
 
 impl BusyGuard {
-    /// Takes over the request that [`head_parsed`] started.
+    /// Takes over the request that [`head_parsed`] started, unmetered
+    /// (the health path's requests stay out of the metrics).
     pub(crate) fn new(conn: &Arc<ConnCtx>) -> Self {
-        BusyGuard(Arc::clone(conn), None)
+        BusyGuard(Arc::clone(conn), None, None)
+    }
+
+    /// Meters this request (when metrics are on).
+    pub(crate) fn meter(&mut self, method: &http::Method, version: http::Version) {
+        self.1 = self.0.shared.metrics.request(method, version);
     }
 
     /// Keeps `slot` until the response is written (or dropped).
     pub(crate) fn hold(&mut self, slot: Option<crate::server::concurrency::Slot>) {
-        self.1 = slot;
+        self.2 = slot;
+    }
+
+    /// The response's status, for the metrics.
+    #[inline]
+    pub(crate) fn responded(&mut self, status: http::StatusCode) {
+        if let Some(m) = &mut self.1 {
+            m.set_status(status);
+        }
     }
 }
 
@@ -323,6 +342,7 @@ pub(crate) async fn serve<I>(
         })
     };
     let mut first = true;
+    let mut open = None;
     let why = loop {
         // Parked (a new connection starts here): no hyper state at all.
         if let Err(reason) = wait_readable(&mut io, &ctx, &member).await {
@@ -331,9 +351,11 @@ pub(crate) async fn serve<I>(
         if std::mem::take(&mut first) && wants_h2(&mut io, &ctx).await {
             if let Some(h2) = &shared.http2 {
                 io.scan = None;
+                let _open = shared.metrics.connection(crate::metrics::Proto::Http2);
                 break crate::http::h2conn::serve(io, &ctx, &member, h2).await;
             }
         }
+        open.get_or_insert_with(|| shared.metrics.connection(crate::metrics::Proto::Http1));
         // Boxed, like the WebSocket driver below: a parked connection's task
         // then holds only a pointer where an active one holds hyper's state.
         let mut conn = Box::new(shared.http1.serve_connection(TokioIo::new(io), svc));
@@ -453,6 +475,12 @@ where
         }
         if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
             if let Err(e) = res {
+                if e.is_parse_too_large() {
+                    // hyper answered 431 itself (fields, field size, head size).
+                    ctx.shared
+                        .metrics
+                        .refused(crate::metrics::Limit::RequestHead);
+                }
                 tracing::debug!("connection ended: {e}");
                 return Poll::Ready(Stopped::Ended("error"));
             }

@@ -434,6 +434,7 @@ impl Exchange {
             let mut st = self.st.lock();
             if st.rejected.is_none() {
                 st.rejected = Some((status, reason));
+                shared.metrics.refused_answer(status, reason);
             }
             st.tokio_waker.take()
         };

@@ -90,6 +90,7 @@ impl<I: Readiness> ConnIo<I> {
             match self.inner.try_read(&mut buf) {
                 Ok(n) => {
                     // n == 0 is end of stream: hyper will see it too.
+                    self.conn.shared.metrics.bytes_in(n);
                     self.prefix = Bytes::copy_from_slice(&buf[..n]);
                     return Poll::Ready(Ok(()));
                 }
@@ -143,6 +144,10 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
         if matches!(res, Poll::Ready(Ok(()))) {
             let activity = &self.conn.activity;
             if buf.filled().len() > before {
+                self.conn
+                    .shared
+                    .metrics
+                    .bytes_in(buf.filled().len() - before);
                 activity.on_bytes();
                 if self.scan.is_some() {
                     let this = &mut *self;
@@ -199,6 +204,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
         std::task::ready!(self.finish_interim(cx))?;
         let res = Pin::new(&mut self.inner).poll_write(cx, buf);
         self.note_write(&res);
+        if let Poll::Ready(Ok(n)) = res {
+            self.conn.shared.metrics.bytes_out(n);
+        }
         res
     }
 
@@ -210,6 +218,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for ConnIo<I> {
         std::task::ready!(self.finish_interim(cx))?;
         let res = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.note_write(&res);
+        if let Poll::Ready(Ok(n)) = res {
+            self.conn.shared.metrics.bytes_out(n);
+        }
         res
     }
 

@@ -86,7 +86,7 @@ async fn read_small_body(
                 Some(Expired::ResponseStart) => {
                     return Poll::Ready(Err((
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "the application did not respond in time",
+                        crate::metrics::RESPONSE_START_REASON,
                     )))
                 }
                 None => {}
@@ -204,7 +204,7 @@ pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
             );
             exch.reject(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the application did not respond in time",
+                crate::metrics::RESPONSE_START_REASON,
                 shared,
             );
         }
@@ -268,6 +268,7 @@ fn answer(
     reason: &'static str,
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
+    conn.shared.metrics.refused_answer(status, reason);
     if conn.shared.config.access_log {
         conn.shared.queue.push(Event::Access(
             Box::new(HttpRequest {
@@ -296,6 +297,9 @@ fn refuse_stalled(
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
     use crate::server::watchdog::{mark_refusal, REASON};
+    conn.shared
+        .metrics
+        .refused(crate::metrics::Limit::LoopStall);
     let status = StatusCode::SERVICE_UNAVAILABLE;
     let mut resp = if !conn.shared.config.access_log || conn.shared.watchdog.may_log_refusal() {
         answer(parts, conn, received, status, REASON, busy)
@@ -327,6 +331,7 @@ pub(crate) async fn handle(
     let cfg = &conn.shared.config;
     let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
     let mut busy = busy;
+    busy.meter(req.method(), req.version());
     shared.count_request();
     let (mut parts, mut body) = req.into_parts();
     if parts.version == http::Version::HTTP_2 {
@@ -443,6 +448,7 @@ pub(crate) async fn handle(
     match shared.concurrency.acquire() {
         Ok(slot) => busy.hold(slot),
         Err(()) => {
+            shared.metrics.refused(crate::metrics::Limit::Concurrency);
             let mut resp = answer(
                 parts,
                 &conn,
@@ -540,6 +546,7 @@ pub(crate) async fn handle(
             }
         }
     }
+    busy.responded(head.status);
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),
         BodyOut::File { file, len } => ResponseBody::file(file, len, busy),

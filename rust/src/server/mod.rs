@@ -82,10 +82,14 @@ pub(crate) struct Shared {
     /// Recycles coordinated with the master's other workers (see
     /// [`recycle`]); `None` standalone or with one worker.
     pub(crate) recycle: Option<recycle::Recycle>,
+    /// This worker's slot in the shared metrics table (a no-op when
+    /// `metrics_bind` is off).
+    pub(crate) metrics: crate::metrics::Recorder,
 }
 
 impl Shared {
-    /// Errors: the TLS settings (a one-line `ValueError`), or the eventfd.
+    /// Errors: the TLS settings or the metrics table (a one-line
+    /// `ValueError`), or the eventfd.
     pub(crate) fn new(config: Config) -> PyResult<Self> {
         let (tls, tls_server_cert) = match &config.tls {
             Some(t) => {
@@ -134,6 +138,15 @@ impl Shared {
             Some(fd) => Some(recycle::Recycle::new(fd)?),
             None => None,
         };
+        let metrics = match config.metrics_table_fd {
+            // A ValueError: the worker exits with Gunicorn's boot error.
+            Some(fd) => crate::metrics::Recorder::attach(fd).map_err(|e| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "metrics_bind: cannot use the shared metrics table: {e}"
+                ))
+            })?,
+            None => crate::metrics::Recorder::default(),
+        };
         Ok(Self {
             config,
             queue,
@@ -154,6 +167,7 @@ impl Shared {
             concurrency,
             drain: drain::DrainFacts::default(),
             recycle,
+            metrics,
         })
     }
 
@@ -268,6 +282,21 @@ impl Server {
     #[getter]
     fn event_fd(&self) -> i32 {
         self.shared.queue.fd()
+    }
+
+    /// This worker's slot in the metrics table (the `worker` label), or
+    /// `None` when metrics are off.
+    #[getter]
+    fn metrics_worker(&self) -> Option<usize> {
+        self.shared.metrics.index()
+    }
+
+    /// Records the event loop's lateness: its probe timer ran `lag`
+    /// seconds late, and the next is due in `next` seconds (see
+    /// `skirr.serve`). A no-op when metrics are off.
+    fn loop_lag(&self, lag: f64, next: f64) {
+        let d = |s: f64| std::time::Duration::from_secs_f64(s.clamp(0.0, 1e6));
+        self.shared.metrics.loop_lag(d(lag), d(next));
     }
 
     /// Requests handed to the application so far.

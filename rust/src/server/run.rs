@@ -187,6 +187,13 @@ async fn drain_delay(
 pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
     tokio::spawn(Arc::clone(&shared.wakeups).dispatch());
     watch_signals(Arc::clone(&shared))?;
+    if let Some(fd) = shared.config.metrics_fd {
+        // Scrapes are answered from the start, during lifespan startup too.
+        tokio::spawn(crate::metrics::serve(
+            crate::metrics::listener(fd)?,
+            shared.metrics,
+        ));
+    }
     if let Some(ppid) = shared.config.parent_pid {
         watch_parent(Arc::clone(&shared), ppid);
     }

@@ -190,6 +190,7 @@ fn refuse_queued(shared: &Shared) {
     let mut refused = Vec::new();
     shared.queue.take_unstarted(&mut refused);
     for req in refused {
+        shared.metrics.refused(crate::metrics::Limit::LoopStall);
         req.exch
             .reject(StatusCode::SERVICE_UNAVAILABLE, REASON, shared);
         if shared.config.access_log && shared.watchdog.may_log_refusal() {

@@ -148,6 +148,9 @@ impl Driver {
                 self.outcome.get_or_insert((code, reason));
                 self.close_timer = Some(Box::pin(sleep(CLOSE_TIMEOUT)));
             }
+            if matches!(msg, Message::Text(_) | Message::Binary(_)) {
+                shared.metrics.ws_message(false);
+            }
             if Pin::new(&mut *ws).start_send(msg).is_err() {
                 return Err(());
             }
@@ -173,6 +176,7 @@ impl Driver {
             match Pin::new(&mut *ws).poll_next(cx) {
                 Poll::Ready(Some(Ok(msg))) => match msg {
                     Message::Text(_) | Message::Binary(_) => {
+                        shared.metrics.ws_message(true);
                         let mut st = self.ws.lock();
                         if self.app_closed || st.inbound.len() >= limit {
                             // After our close: the app closed (it reads no
@@ -362,6 +366,7 @@ where
     // Never retired for a newcomer (`server::admission`).
     member.mark_websocket();
     let shared = Arc::clone(&conn.shared);
+    let _open = shared.metrics.websocket();
     let cfg = &shared.config;
     let max = cfg.ws_max_message_size;
     let config = WebSocketConfig::default()

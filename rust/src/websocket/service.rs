@@ -46,7 +46,8 @@ impl Drop for LeftGuard<'_> {
     }
 }
 
-fn respond(resp: Response<Bytes>, busy: BusyGuard) -> Response<ResponseBody> {
+fn respond(resp: Response<Bytes>, mut busy: BusyGuard) -> Response<ResponseBody> {
+    busy.responded(resp.status());
     resp.map(|b| ResponseBody::full(b, busy))
 }
 
@@ -54,7 +55,7 @@ fn respond(resp: Response<Bytes>, busy: BusyGuard) -> Response<ResponseBody> {
 pub(crate) async fn handle(
     mut parts: Parts,
     conn: Arc<ConnCtx>,
-    busy: BusyGuard,
+    mut busy: BusyGuard,
 ) -> Response<ResponseBody> {
     let shared = Arc::clone(&conn.shared);
     let h2 = parts.version == http::Version::HTTP_2;
@@ -116,6 +117,7 @@ pub(crate) async fn handle(
                     );
                 }
             };
+            busy.responded(status);
             let mut resp = Response::new(ResponseBody::full(Bytes::new(), busy));
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;
@@ -127,6 +129,7 @@ pub(crate) async fn handle(
                 BodyOut::Full(b) => b,
                 BodyOut::Stream | BodyOut::File { .. } => Bytes::new(),
             };
+            busy.responded(head.status);
             let mut resp = Response::new(ResponseBody::full(body, busy));
             *resp.status_mut() = head.status;
             *resp.headers_mut() = head.headers;
