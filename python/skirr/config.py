@@ -575,7 +575,7 @@ def resolve(
             out[opt.name] = opt.parse(raw)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"invalid {source}: {e}") from None
-    if out["drain_delay"] and out["drain_delay"] >= out["graceful_timeout"]:
+    if out.get("drain_delay") and out["drain_delay"] >= out["graceful_timeout"]:
         raise ConfigError(
             f"drain_delay ({out['drain_delay']:g} s) must be shorter than graceful_timeout"
             f" ({out['graceful_timeout']:g} s): the worker drains after the delay, within the graceful timeout"
