@@ -86,6 +86,18 @@ def test_a_response_start_timeout_is_logged_when_answered(server):
         assert status_and_size(one_line(server, "/slow?id=late"))[0] == 503
 
 
+def test_a_response_start_timeout_line_counts_the_time_waited():
+    # The 503 is the server's answer after response_start_timeout (0.5 s):
+    # its line must say so (c47abb2 logged 0.000ms).
+    with skirr(APP, *ARGS) as s, RawConn(s.port) as c:
+        c.send(b"GET /slow?id=waited&secs=3 HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert c.read_response().status == 503
+        line = one_line(s, "/slow?id=waited")
+        m = re.search(r" 503 \d+ ([\d.]+)ms", line)
+        assert m, line
+        assert float(m.group(1)) >= 400, line  # the 0.5 s waited (clocks start a little apart)
+
+
 def test_a_stream_the_client_aborted_is_logged(server):
     s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     s.sendall(b"GET /stream-forever?id=aborted HTTP/1.1\r\nHost: a\r\n\r\n")

@@ -104,6 +104,11 @@ pub(crate) struct ConnCtx {
     /// hyper's read, parked on a hidden end of stream (see
     /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
     pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
+    /// A duplicate of the socket, taken when a hidden end of stream is
+    /// read (HTTP/1.1): `send()` peeks at it to tell a client that left
+    /// (its kernel answered our next write with a reset) from one that only
+    /// half-closed (see [`Exchange::gone_now`](crate::http::exchange::Exchange::gone_now)).
+    pub(crate) eof_probe: Mutex<Option<Arc<std::os::fd::OwnedFd>>>,
     /// Interim (1xx) responses on their way past hyper: the connection's,
     /// shared by its HTTP/2 streams.
     pub(crate) interim: Arc<InterimSlot>,
@@ -149,6 +154,7 @@ impl ConnCtx {
             upgrade: Mutex::new(None),
             tls: self.tls.clone(),
             eof_waker: Mutex::new(None),
+            eof_probe: Mutex::new(None),
             interim: Arc::clone(&self.interim),
             h2_stream: stream,
         }
@@ -292,6 +298,7 @@ pub(crate) async fn serve<I>(
         upgrade: Mutex::new(None),
         tls,
         eof_waker: Mutex::new(None),
+        eof_probe: Mutex::new(None),
         interim: Arc::default(),
         h2_stream: None,
     });

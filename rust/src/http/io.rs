@@ -2,6 +2,7 @@
 //! replay first, plus the activity tracking the connection timers need.
 
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,6 +21,8 @@ pub(crate) trait Readiness {
     const PARKABLE: bool = true;
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// The TCP (or Unix) socket underneath.
+    fn socket_fd(&self) -> BorrowedFd<'_>;
 }
 
 /// A TLS stream is never parked: rustls may hold decrypted bytes the
@@ -34,6 +37,10 @@ impl Readiness for tokio_rustls::server::TlsStream<TcpStream> {
     fn try_read(&self, _buf: &mut [u8]) -> io::Result<usize> {
         Err(io::ErrorKind::Unsupported.into())
     }
+
+    fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.get_ref().0.as_fd()
+    }
 }
 
 impl Readiness for TcpStream {
@@ -44,6 +51,10 @@ impl Readiness for TcpStream {
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         TcpStream::try_read(self, buf)
     }
+
+    fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.as_fd()
+    }
 }
 
 impl Readiness for UnixStream {
@@ -53,6 +64,10 @@ impl Readiness for UnixStream {
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         UnixStream::try_read(self, buf)
+    }
+
+    fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.as_fd()
     }
 }
 
@@ -96,7 +111,7 @@ impl<I: Readiness> ConnIo<I> {
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
+impl<I: AsyncRead + Readiness + Unpin> AsyncRead for ConnIo<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -126,6 +141,12 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
             } else if room {
                 activity.on_eof();
                 if activity.awaits_response() {
+                    // Kept so `send()` can tell a client that left from a
+                    // half close (`Exchange::gone_now`); a failed dup only
+                    // leaves the write errors to tell.
+                    if let Ok(fd) = self.inner.socket_fd().try_clone_to_owned() {
+                        *self.conn.eof_probe.lock() = Some(Arc::new(fd));
+                    }
                     // A half close after a complete request: hidden from
                     // hyper (which would drop the request) until the
                     // response is written; the app's receive() learns it

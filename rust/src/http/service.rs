@@ -411,7 +411,7 @@ pub(crate) async fn handle(
     let head = poll_fn(|cx| {
         check_deadlines(&conn, &exch);
         if conn.activity.peer_eof() {
-            exch.client_eof(shared);
+            exch.client_eof(shared, conn.eof_probe.lock().clone());
         }
         pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
         loop {
@@ -492,12 +492,24 @@ pub(crate) async fn handle(
         None => body,
     };
     let mut resp = Response::new(body);
-    *resp.status_mut() = head.status;
+    set_status(&mut resp, head.status);
     *resp.headers_mut() = head.headers;
     if conn.shared.config.server_timing {
         server_timing(resp.headers_mut(), app_started, received);
     }
     Ok(resp)
+}
+
+/// Sets `resp`'s status. hyper writes the literal reason phrase `<none>`
+/// for a status it has none for (`499`, `299`, `520`…); the phrase may be
+/// empty (RFC 9112 §4), as uvicorn (h11, httptools) sends it: the status
+/// line is then `HTTP/1.1 499 ` (HTTP/2 has no reason phrase).
+pub(crate) fn set_status<B>(resp: &mut Response<B>, status: http::StatusCode) {
+    if status.canonical_reason().is_none() {
+        resp.extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(b""));
+    }
+    *resp.status_mut() = status;
 }
 
 /// Appends `Server-Timing: app;dur=…, total;dur=…` (W3C Server Timing;

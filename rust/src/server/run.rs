@@ -157,6 +157,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
             return Ok(());
         }
     };
+    shared.ready_hook();
 
     let cfg = &shared.config;
     let control = ConnControl {
