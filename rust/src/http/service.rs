@@ -353,7 +353,13 @@ pub(crate) async fn handle(
         .compression
         .as_ref()
         .and_then(|c| compress::negotiate(c, &parts.headers))
-        .map(|coding| (coding, parts.method == http::Method::HEAD));
+        .map(|coding| {
+            (
+                coding,
+                parts.method == http::Method::HEAD,
+                compress::identity_refused(&parts.headers),
+            )
+        });
     let bodyless = body.is_end_stream();
     // `Expect` only matters for a request with a body. hyper's HTTP/2
     // server cannot send a 100 (no interim responses), so an HTTP/2 body is
@@ -453,15 +459,21 @@ pub(crate) async fn handle(
 
     let mut head = head;
     let mut coder = None;
-    if let (Some(cfg), Some((coding, head_request))) = (&conn.shared.config.compression, coding) {
+    if let (Some(cfg), Some((coding, head_request, must))) =
+        (&conn.shared.config.compression, coding)
+    {
         let len = match &head.body {
             BodyOut::Full(d) => Some(d.len() as u64),
             BodyOut::File { len, .. } => Some(*len),
             BodyOut::Stream => None,
         };
-        if compress::applies(cfg, head_request, head.status, &head.headers, len) {
+        if compress::applies(cfg, head_request, head.status, &head.headers, len, must) {
             if let BodyOut::Full(d) = &head.body {
                 match compress::whole(coding, d) {
+                    // Encoding that does not shrink the body (random or
+                    // compressed bytes) is not applied: it costs the
+                    // client the decoding for nothing.
+                    Ok(z) if z.len() >= d.len() && !must => {}
                     Ok(z) => {
                         head.body = BodyOut::Full(z);
                         compress::mark_headers(&mut head.headers, coding);
