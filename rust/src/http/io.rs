@@ -81,6 +81,81 @@ pub(crate) struct ConnIo<I> {
     pub(crate) inner: I,
     pub(crate) prefix: Bytes,
     pub(crate) conn: Arc<ConnCtx>,
+    /// The request line being read (HTTP/1.1): see [`LineScan`].
+    pub(crate) line: LineScan,
+}
+
+/// How much of a request line has arrived without its end. hyper stops
+/// buffering a head at `max_buf_size` and answers `431` — also for a head
+/// that is one huge request line (a 256 KiB URL). A line longer than
+/// `limit_request_line` and than half that buffer is refused here instead,
+/// before hyper's limit: the read fails, and the connection answers `414`
+/// ([`ConnIo::request_line_too_long`]); shorter ones reach the head checks
+/// (`wire::request`), which answer `414` too.
+#[derive(Default)]
+pub(crate) struct LineScan {
+    len: usize,
+    /// The line's end was seen: nothing to scan until the next request.
+    done: bool,
+    /// Over the limit: every read fails.
+    pub(crate) over: bool,
+    /// The connection no longer carries HTTP/1.1 heads (HTTP/2, a
+    /// WebSocket): nothing is scanned.
+    off: bool,
+}
+
+impl<I> ConnIo<I> {
+    /// A request line went over the limit (see [`LineScan`]): the `414`
+    /// is the connection's to write.
+    pub(crate) fn request_line_too_long(&self) -> bool {
+        self.line.over
+    }
+
+    /// The socket now carries HTTP/2 frames or WebSocket frames: no
+    /// request lines to scan.
+    pub(crate) fn stop_line_scan(&mut self) {
+        self.line.off = true;
+    }
+
+    /// Scans bytes read while no request is being served for the end of
+    /// the request line; true once the line is too long.
+    fn scan_line(&mut self, bytes: &[u8]) -> bool {
+        if self.line.off || self.line.done || bytes.is_empty() {
+            return false;
+        }
+        if bytes.contains(&b'\n') {
+            self.line.done = true;
+            return false;
+        }
+        self.line.len += bytes.len();
+        let cfg = &self.conn.shared.config;
+        let limit = cfg.limits.request_line;
+        if limit == 0 {
+            return false;
+        }
+        // hyper's buffer (see `Shared::new`); 400 KiB is its default.
+        let buffer = if cfg.max_head_size > 0 {
+            cfg.max_head_size.max(8192)
+        } else {
+            400 * 1024
+        };
+        if self.line.len > (buffer / 2).max(limit + 2) {
+            self.line.over = true;
+        }
+        self.line.over
+    }
+
+    /// A request is being served: the next head's line starts afresh.
+    fn reset_line(&mut self) {
+        if self.conn.activity.is_busy() {
+            self.line.len = 0;
+            self.line.done = false;
+        }
+    }
+}
+
+fn line_too_long() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "request line too long")
 }
 
 impl<I: Readiness> ConnIo<I> {
@@ -117,11 +192,21 @@ impl<I: AsyncRead + Readiness + Unpin> AsyncRead for ConnIo<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.line.over {
+            return Poll::Ready(Err(line_too_long()));
+        }
+        self.reset_line();
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            self.conn.activity.on_bytes();
+            let this = &mut *self;
+            this.prefix.advance(n);
+            this.conn.activity.on_bytes();
+            if !this.conn.activity.is_busy()
+                && this.scan_line(&buf.filled()[buf.filled().len() - n..])
+            {
+                return Poll::Ready(Err(line_too_long()));
+            }
             return Poll::Ready(Ok(()));
         }
         if self.conn.activity.peer_eof() {
@@ -135,9 +220,13 @@ impl<I: AsyncRead + Readiness + Unpin> AsyncRead for ConnIo<I> {
         let room = buf.remaining() > 0;
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(res, Poll::Ready(Ok(()))) {
-            let activity = &self.conn.activity;
+            let activity = Arc::clone(&self.conn);
+            let activity = &activity.activity;
             if buf.filled().len() > before {
                 activity.on_bytes();
+                if !activity.is_busy() && self.scan_line(&buf.filled()[before..]) {
+                    return Poll::Ready(Err(line_too_long()));
+                }
             } else if room {
                 activity.on_eof();
                 if activity.awaits_response() {
