@@ -105,3 +105,16 @@ def test_a_half_closed_client_still_gets_the_whole_stream():
             got += data
         assert b"chunk 79\n" in got and got.endswith(b"0\r\n\r\n"), got[-200:]
         assert state(s, key)["how"] == "natural end"
+
+
+def test_a_half_closed_client_gets_the_end_of_stream_while_the_app_works_on():
+    # The duplicate of the socket Skirr keeps to tell a reset from a half
+    # close must not hold the connection open while the app (its
+    # background task) runs on: the client's read ends with the response.
+    with skirr(APP, "--no-access-log") as s, socket.create_connection(("127.0.0.1", s.port), timeout=3) as c:
+        c.sendall(b"GET /then-work?secs=8 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        c.shutdown(socket.SHUT_WR)
+        got = b""
+        while data := c.recv(65536):  # a 3 s timeout: the end must come before the app's
+            got += data
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"done"), got

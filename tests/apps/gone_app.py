@@ -15,7 +15,8 @@ import asyncio
 import time
 
 from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 app = FastAPI()
 STATE: dict[str, dict] = {}
@@ -45,3 +46,9 @@ async def slow(key: str, delay: float = 0.2):
 @app.get("/state/{key}")
 async def state(key: str):
     return STATE.get(key) or {}
+
+
+@app.get("/then-work")
+async def then_work(secs: float = 5):
+    """A response, then background work that keeps the app running."""
+    return PlainTextResponse("done", background=BackgroundTask(asyncio.sleep, secs))

@@ -164,7 +164,9 @@ pub(crate) struct ExchState {
     pub(crate) eof: bool,
     /// With `eof`: the socket to peek at for a reset (see
     /// [`Exchange::gone_now`]).
-    pub(crate) eof_probe: Option<Arc<OwnedFd>>,
+    /// Weak: the connection owns the duplicate and closes it with the
+    /// socket, so an app that runs on never holds the socket open.
+    pub(crate) eof_probe: Option<std::sync::Weak<OwnedFd>>,
     // ---- lifecycle
     /// The client went away (or the connection failed) before the response
     /// was fully written.
@@ -429,7 +431,11 @@ impl Exchange {
 
     /// The client shut its sending side down (maybe only that: a half
     /// close). Wakes a `receive()` waiting past the request's end.
-    pub(crate) fn client_eof(self: &Arc<Self>, shared: &Shared, probe: Option<Arc<OwnedFd>>) {
+    pub(crate) fn client_eof(
+        self: &Arc<Self>,
+        shared: &Shared,
+        probe: Option<std::sync::Weak<OwnedFd>>,
+    ) {
         let mut st = self.st.lock();
         if st.eof {
             return;
@@ -473,10 +479,12 @@ impl Exchange {
         if st.gone {
             return true;
         }
-        let Some(fd) = &st.eof_probe else {
+        let Some(fd) = st.eof_probe.as_ref().and_then(std::sync::Weak::upgrade) else {
+            // No end of stream, or the connection is over (its end marked
+            // the exchange gone if the response was not complete).
             return false;
         };
-        if !peer_reset(fd) {
+        if !peer_reset(&fd) {
             return false;
         }
         st.gone = true;

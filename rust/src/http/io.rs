@@ -154,6 +154,13 @@ impl<I> ConnIo<I> {
     }
 }
 
+impl<I> Drop for ConnIo<I> {
+    fn drop(&mut self) {
+        // The socket closes now: so does its duplicate (see `eof_probe`).
+        self.conn.eof_probe.lock().take();
+    }
+}
+
 fn line_too_long() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, "request line too long")
 }

@@ -417,7 +417,7 @@ pub(crate) async fn handle(
     let head = poll_fn(|cx| {
         check_deadlines(&conn, &exch);
         if conn.activity.peer_eof() {
-            exch.client_eof(shared, conn.eof_probe.lock().clone());
+            exch.client_eof(shared, conn.eof_probe.lock().as_ref().map(Arc::downgrade));
         }
         pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
         loop {
