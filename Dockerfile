@@ -3,7 +3,7 @@
 # Skirr serving the example FastAPI app under Gunicorn.
 #   docker build -t skirr-example .
 #   docker run --rm -p 8000:8000 skirr-example
-# tests/docker_steps.sh performs the same steps without a Docker engine.
+# tests/test_dockerfile.py performs the same steps without a Docker engine.
 
 # ---- build: Rust + maturin -> a wheel
 FROM python:3.12-slim-bookworm AS build

@@ -86,6 +86,18 @@ def test_a_response_start_timeout_is_logged_when_answered(server):
         assert status_and_size(one_line(server, "/slow?id=late"))[0] == 503
 
 
+def test_a_response_start_timeout_line_counts_the_time_waited():
+    # The 503 is the server's answer after response_start_timeout (0.5 s):
+    # its line must say so (c47abb2 logged 0.000ms).
+    with skirr(APP, *ARGS) as s, RawConn(s.port) as c:
+        c.send(b"GET /slow?id=waited&secs=3 HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert c.read_response().status == 503
+        line = one_line(s, "/slow?id=waited")
+        m = re.search(r" 503 \d+ ([\d.]+)ms", line)
+        assert m, line
+        assert float(m.group(1)) >= 400, line  # the 0.5 s waited (clocks start a little apart)
+
+
 def test_a_stream_the_client_aborted_is_logged(server):
     s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     s.sendall(b"GET /stream-forever?id=aborted HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -124,3 +136,43 @@ def test_control_characters_in_the_path_cannot_forge_a_line(server):
     assert "\r" not in server.logs() and "\x00" not in server.logs()
     assert "/seen%0D%0A" in line, line
     assert not [ln for ln in server.logs().splitlines() if ln.startswith("[2026-12-01 16:00:00")]
+
+
+WS_HEAD = (
+    "GET {path} HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: {version}\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["standalone", "gunicorn"])
+def test_every_websocket_handshake_gets_one_line_with_the_status_on_the_wire(kind):
+    # Accepted (101), denied by the app (403), the app's own response (401,
+    # with its body bytes), Skirr's refusals (426 wrong version, 400 no
+    # key): one line each, as uvicorn logs them (c47abb2 logged none).
+    fmt = "%(r)s %(s)s %(B)s"
+    ctx = (
+        skirr("apps.ws_app:app")
+        if kind == "standalone"
+        else gunicorn("apps.ws_app:app", "-w", "1", "--access-logfile", "-", "--access-logformat", fmt)
+    )
+    with ctx as s:
+        cases = [
+            ("/echo?id=ws-ok", "13", 101),
+            ("/deny?id=ws-deny", "13", 403),
+            ("/http-deny?id=ws-app", "13", 401),
+            ("/echo?id=ws-version", "8", 426),
+        ]
+        for path, version, status in cases:
+            with RawConn(s.port) as c:
+                c.send(WS_HEAD.format(path=path, version=version).encode())
+                assert c.read_head().status == status
+        with RawConn(s.port) as c:
+            c.send(b"GET /echo?id=ws-nokey HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+            assert c.read_response().status == 400
+        for path, _, status in [*cases, ("/echo?id=ws-nokey", "", 400)]:
+            got = wait_until(lambda p=path: lines(s, p) or None, what=f"the line for {path}")
+            assert len(got) == 1, got
+            st, size = status_and_size(got[0])
+            assert st == status, got
+            if status == 401:
+                assert size == len(b"no entry"), got

@@ -141,3 +141,47 @@ def test_curl_compressed():
         head, _, body = out.partition(b"\r\n\r\n")
         assert b"content-encoding: zstd" in head.lower()
         assert body == TEXT
+
+
+def test_ranges_validators_and_incompressible_bodies():
+    # Issue 17: a 206's Content-Range counts identity bytes (RFC 9110
+    # §14.4), so it is left alone; an encoded representation cannot keep a
+    # strong ETag (§8.8.3): it becomes weak, a weak one stays as it is; a
+    # body that would not shrink (random bytes, known length) goes out
+    # as it is, with its Content-Length; opaque binary streams are left
+    # alone (c47abb2 encoded all of them).
+    with skirr(APP, *ON) as s:
+        r = get(s.port, "/whole?status=206&range=1")
+        assert r.status == 206 and r.header("content-encoding") is None and r.body == TEXT
+        r = get(s.port, '/whole?etag=%22v1%22')
+        assert r.header("content-encoding") == "zstd" and r.header("etag") == 'W/"v1"'
+        assert decode("zstd", r.body) == TEXT
+        assert get(s.port, '/whole?etag=W/%22v2%22').header("etag") == 'W/"v2"'
+        r = get(s.port, "/whole", ae="identity")
+        assert r.header("etag") is None and r.header("content-encoding") is None
+        r = get(s.port, '/whole?etag=%22v1%22', ae="identity")
+        assert r.header("etag") == '"v1"'  # unencoded: the app's strong tag
+        for ctype in ["application/x-thing", "text/plain"]:
+            r = get(s.port, f"/whole?random=20000&type={ctype}")
+            assert r.header("content-encoding") is None and len(r.body) == 20000, ctype
+            assert r.header("content-length") == "20000"
+        with RawConn(s.port) as c:
+            c.send(
+                b"GET /stream?type=application/octet-stream&cl=1 HTTP/1.1\r\nHost: x\r\n"
+                b"Accept-Encoding: gzip\r\n\r\n"
+            )
+            head = c.read_head()
+            assert head.header("content-encoding") is None and head.header("content-length") == "22"
+            request(s.port, "GET", "/release")
+            assert c.read_exact(22) == b"data: first event\n\nok\n"
+
+
+def test_a_client_refusing_identity_gets_the_coding_whatever_the_size():
+    # `identity;q=0` (or `*;q=0` without identity): a body under
+    # compression_min_size is still encoded (c47abb2 sent it unencoded).
+    with skirr(APP, *ON) as s:
+        for ae in ["gzip, identity;q=0", "gzip, *;q=0"]:
+            r = get(s.port, "/whole?n=100", ae=ae)
+            assert r.header("content-encoding") == "gzip", ae
+            assert decode("gzip", r.body) == TEXT[:100]
+        assert get(s.port, "/whole?n=100", ae="gzip").header("content-encoding") is None

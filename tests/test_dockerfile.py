@@ -94,3 +94,12 @@ def _up(port: int) -> bool:
         return request(port, "GET", "/healthz").status == 200
     except OSError:
         return False
+
+
+def test_every_path_the_dockerfile_names_exists():
+    # Its comments point a reader at files (issue 17: one named a script
+    # that never existed).
+    named = set(re.findall(r"\b((?:tests|examples|python|rust|deploy)/[\w./-]+\w)", DOCKERFILE))
+    assert named, "the Dockerfile names no repository path"
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, missing

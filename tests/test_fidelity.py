@@ -167,7 +167,8 @@ def test_a_request_the_app_gives_up_after_the_clients_eof_closes_the_connection(
         c.send(b"GET /give-up?id=gaveup HTTP/1.1\r\nHost: x\r\n\r\n")
         c.sock.shutdown(socket.SHUT_WR)
         assert c.read_to_eof() == b""
-    assert seen(server, "gaveup") == {"gave_up": True}
+    # The connection closes as the app is told; its record follows.
+    wait_until(lambda: seen(server, "gaveup") == {"gave_up": True}, what="the app to give up")
 
 
 def test_a_half_closed_upload_gets_its_response(server):
@@ -214,3 +215,12 @@ def test_head_of_a_streamed_file_response_completes_for_the_app(server):
         assert head.startswith(b"HTTP/1.1 200") and b"content-length: 300000" in head.lower()
         c.send(b"GET /seen?id=head HTTP/1.1\r\nHost: x\r\n\r\n")
         assert json.loads(c.read_response().body) == {"completed": True}
+
+
+@pytest.mark.parametrize("status", [499, 299, 520])
+def test_an_unregistered_status_has_an_empty_reason_phrase(server, status):
+    # As uvicorn (h11/httptools) sends it; hyper's own fallback is "<none>".
+    with RawConn(server.port) as c:
+        c.send(f"GET /no-body-status?id=reason{status}&status={status}&body=1 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        line = c.read_until(b"\r\n")
+    assert line == f"HTTP/1.1 {status} \r\n".encode(), line

@@ -6,7 +6,7 @@ import json
 import signal
 import time
 
-from harness import request, skirr
+from harness import request, skirr, wait_until
 
 
 def test_startup_runs_before_the_first_request_and_state_reaches_scopes():
@@ -30,6 +30,18 @@ def test_startup_failed_exits_3_with_the_apps_message():
     with skirr("apps.probe:app", env={"PROBE_LIFESPAN": "fail"}, ready=False) as s:
         assert s.wait(15) == 3
         assert "database unreachable" in s.logs()
+
+
+def test_listening_is_announced_only_after_startup_succeeded():
+    # A reader of the log must not see "listening at" from a server whose
+    # startup then fails (c47abb2 printed it first).
+    with skirr("apps.probe:app", env={"PROBE_LIFESPAN": "fail"}, ready=False) as s:
+        assert s.wait(15) == 3
+        assert "database unreachable" in s.logs()
+        assert "listening at" not in s.logs()
+    env = {"PROBE_LIFESPAN": "slow-startup", "PROBE_STARTUP_DELAY": "0.5"}
+    with skirr("apps.probe:app", env=env) as s:
+        wait_until(lambda: "listening at" in s.logs(), what="the listening line")
 
 
 def test_startup_exception_in_on_mode_exits_3_with_traceback():

@@ -248,3 +248,22 @@ def test_rejected_requests_leave_no_half_read_head(server):
         except ConnectionClosed:
             rest = b""
         assert rest == b""
+
+
+def test_a_request_line_too_long_to_buffer_is_414_not_431():
+    # 256 KiB of target: more than hyper buffers for a head (64 KiB), which
+    # answers 431 itself; the request line is what is too long (c47abb2: 431).
+    with skirr("apps.probe:app", "--no-access-log") as s, RawConn(s.port) as c:
+        c.send(b"GET /" + b"a" * (256 * 1024) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        r = c.read_response()
+        assert r.status == 414 and r.body == b"request line too long", r
+        assert r.header("connection") == "close"
+        # Under the buffer, the head checks answer 414 too.
+    with skirr("apps.probe:app", "--no-access-log") as s, RawConn(s.port) as c:
+        c.send(b"GET /" + b"a" * (20 * 1024) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert c.read_response().status == 414
+    # A head too large because of its fields is still hyper's 431.
+    with skirr("apps.probe:app", "--no-access-log") as s, RawConn(s.port) as c:
+        fields = b"".join(b"X-F%d: %s\r\n" % (i, b"v" * 4000) for i in range(20))
+        c.send(b"GET / HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+        assert c.read_response().status == 431

@@ -5,6 +5,7 @@ extension, client certificates, ciphers and versions, clear boot errors."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import ssl
 import subprocess
@@ -393,3 +394,40 @@ def test_client_cert_name_is_the_subject_as_cryptography_writes_it(pki, tmp_path
         # Without a certificate: None.
         _, body, _ = tls_get(s.port, pki["ca"])
         assert json.loads(body)["extensions"]["tls"]["client_cert_name"] is None
+
+
+def test_a_refused_client_certificate_is_logged_with_the_reason(pki, tmp_path):
+    # An X.509 v1 certificate (what `openssl x509 -req` makes by default)
+    # from the trusted CA, and a v3 one from an unknown CA: rustls refuses
+    # both; each refusal is one line naming why (c47abb2 logged nothing).
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca.private_key_pem.write_to_path(str(tmp_path / "ca-key.pem"))
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    server.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    run = lambda *a: subprocess.run(a, cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    run("openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "v1-key.pem",
+        "-subj", "/CN=v1client", "-out", "v1.csr")  # fmt: skip
+    run("openssl", "x509", "-req", "-in", "v1.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+        "-CAcreateserial", "-out", "v1.pem", "-days", "2")  # fmt: skip
+    assert b"Version: 1 (0x0)" in run("openssl", "x509", "-in", "v1.pem", "-noout", "-text").stdout
+    other = trustme.CA().issue_cert("stranger@example.test")
+    other.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "stranger.pem"))
+    args = ["--ssl-certfile", str(tmp_path / "server.pem"), "--ssl-ca-certs", str(tmp_path / "ca.pem"),
+            "--ssl-cert-reqs", "2"]  # fmt: skip
+    with skirr("apps.probe:app", *args, ready=False) as s:
+        good = ca.issue_cert("client@example.test")
+        good.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "good.pem"))
+        wait_until(lambda: _mtls_ready(s.port, str(tmp_path / "ca.pem"), (str(tmp_path / "good.pem"),)),
+                   what="mTLS server")  # fmt: skip
+        for cert in [(str(tmp_path / "v1.pem"), str(tmp_path / "v1-key.pem")), (str(tmp_path / "stranger.pem"),)]:
+            with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
+                status, _, _ = tls_get(s.port, str(tmp_path / "ca.pem"), cert=cert)
+                assert status != 200
+        refused = lambda: [ln for ln in s.logs().splitlines() if "client certificate refused" in ln]  # noqa: E731
+        lines = wait_until(lambda: len(refused()) >= 2 and refused(), what="two refusal lines")
+        assert len(lines) == 2, lines
+        assert "X.509 v1" in lines[0], lines
+        assert "UnknownIssuer" in lines[1], lines

@@ -72,3 +72,35 @@ def test_http2_trailing_headers_frame():
         assert len(trailers) == 1
         assert [(k.decode(), v.decode()) for k, v in trailers[0].headers] == [("x-checksum", "abc"), ("x-count", "2")]
         c.close()
+
+
+def test_http2_without_te_trailers_they_are_not_sent():
+    # ASGI trailers extension: only to a client that sent `TE: trailers`,
+    # on HTTP/2 as on HTTP/1.1 (c47abb2 sent them to every HTTP/2 client).
+    from test_http2 import H2C, RawH2, h2events
+
+    with skirr(APP, *H2C) as s:
+        c = RawH2(s.port)
+        sid = c.request("/")
+        h, body = c.response(sid)
+        assert h[":status"] == ["200"] and body == b"hello world"
+        assert not [e for e in c.events if isinstance(e, h2events.TrailersReceived)]
+        ended = [e for e in c.events if isinstance(e, h2events.StreamEnded) and e.stream_id == sid]
+        assert len(ended) == 1
+        c.close()
+
+
+def test_http11_trailers_the_trailer_header_does_not_name_are_warned_once_per_location():
+    # hyper writes only the fields the response's Trailer header names: an
+    # app that names none gets an empty trailer section, and a warning
+    # saying why (once for its location, however many requests).
+    with skirr(APP) as s:
+        for _ in range(3):
+            data = raw_get(s.port, "/?named=0", te=True)
+            assert data.endswith(b"5\r\nworld\r\n0\r\n\r\n"), data
+        warned = [ln for ln in s.logs().splitlines() if "trailer fields" in ln]
+        assert len(warned) == 1, warned
+        assert "x-checksum, x-count" in warned[0] and "trailers_app.py" in warned[0], warned
+        # Named ones: no warning.
+        assert raw_get(s.port, "/", te=True).endswith(b"0\r\nx-checksum: abc\r\nx-count: 2\r\n\r\n")
+        assert len([ln for ln in s.logs().splitlines() if "trailer fields" in ln]) == 1

@@ -182,6 +182,20 @@ def test_abnormal_drop_is_1006_to_the_app(server):
     assert got[0]["disconnect"] == 1006
 
 
+def test_a_half_closed_client_still_gets_the_reply_to_its_message(server):
+    # A message, then the TCP sending side shut down with no close frame:
+    # the app's reply still goes out (as uvicorn's does), then the
+    # connection ends and the app sees 1006.
+    with WsConn(server.port) as c:
+        assert c.handshake("/echo?tag=halfws").status == 101
+        c.send(frame(TEXT, b"still there?"))
+        c.sock.shutdown(socket.SHUT_WR)
+        assert c.read_frame() == (TEXT, True, b"still there?")
+        assert c.read_to_eof() == b""
+    got = wait_until(lambda: [e for e in events(server) if e.get("tag") == "halfws"], what="disconnect")
+    assert got[0]["disconnect"] == 1006
+
+
 def test_app_close_code_and_reason_reach_the_client_and_send_after_close_raises(server):
     with WsConn(server.port) as c:
         c.handshake("/close-with?code=4002&reason=done")

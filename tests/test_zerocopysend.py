@@ -245,14 +245,17 @@ def test_a_file_cut_short_closes_the_connection(files, tmp_path, more):
 
 def test_compression_codes_the_file_like_a_stream(files):
     text = files["text"].read_bytes()
+    gz = [("Accept-Encoding", "gzip")]
     with skirr(APP, "--compression", "gzip") as s:
-        r = request(s.port, "GET", target("one", files["text"]), headers=[("Accept-Encoding", "gzip")])
+        r = request(s.port, "GET", target("one", files["text"], type="text/plain"), headers=gz)
         assert r.header("content-encoding") == "gzip" and r.header("content-length") is None
         assert gzip.decompress(r.body) == text
-        r = request(
-            s.port, "GET", target("mixed", files["text"], offset=0, count=999), headers=[("Accept-Encoding", "gzip")]
-        )
+        r = request(s.port, "GET", target("mixed", files["text"], offset=0, count=999, type="text/plain"), headers=gz)
         assert gzip.decompress(r.body) == b"<" + text[:999] + b">" + text[:999] + b"|"
+        # application/octet-stream (a download) is left alone, its length kept.
+        r = request(s.port, "GET", target("one", files["text"]), headers=gz)
+        assert r.header("content-encoding") is None and r.header("content-length") == str(len(text))
+        assert r.body == text
 
 
 def test_over_http2(files):

@@ -18,6 +18,7 @@ import socket
 import stat
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from skirr import __version__, config, logs, metrics
 from skirr._skirr import StartupFailed
@@ -173,9 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if exposition is not None:
         rust.update(exposition.rust_config())
 
-    def announce(server: object) -> None:
-        # Only once the Rust core has accepted the settings (TLS files included).
-        error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
+    def announce(server: Any) -> None:
+        # Only once the Rust core has accepted the settings (TLS files
+        # included) and lifespan startup has succeeded: a server whose
+        # startup fails never listened as far as a reader can tell.
+        server.set_ready_hook(
+            lambda: error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
+        )
 
     try:
         serve(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from urllib.parse import parse_qs
 
 TEXT = b"The quick brown fox jumps over the lazy dog. " * 100  # 4,500 bytes
@@ -29,6 +30,12 @@ async def app(scope, receive, send):
         return
     if path == "/whole":
         body = TEXT[: int(q.get("n", len(TEXT)))]
+        if q.get("random"):
+            body = os.urandom(int(q["random"]))
+        if q.get("etag"):
+            headers.append((b"etag", q["etag"].encode()))
+        if q.get("range"):
+            headers.append((b"content-range", f"bytes 0-{len(body) - 1}/{len(TEXT) * 2}".encode()))
         if q.get("encoded"):
             headers.append((b"content-encoding", b"gzip"))
         if q.get("vary"):

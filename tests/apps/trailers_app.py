@@ -23,7 +23,9 @@ async def app(scope, receive, send):
         await send({"type": "http.response.body", "body": json.dumps(data).encode()})
         return
     announce = q.get("announce", "1") == "1"
-    headers = [(b"content-type", b"text/plain"), (b"trailer", b"x-checksum, x-count")]
+    headers = [(b"content-type", b"text/plain")]
+    if q.get("named", "1") == "1":
+        headers.append((b"trailer", b"x-checksum, x-count"))
     await send({"type": "http.response.start", "status": 200, "headers": headers, "trailers": announce})
     await send({"type": "http.response.body", "body": b"hello ", "more_body": True})
     await send({"type": "http.response.body", "body": b"world"})

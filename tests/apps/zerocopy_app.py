@@ -108,7 +108,7 @@ async def _respond(path: str, q: dict, send) -> None:
         with open(q["path"], "rb") as f:
             await send({"type": ZCS, "file": f})
         return
-    headers = [(b"content-type", b"application/octet-stream")]
+    headers = [(b"content-type", q.get("type", "application/octet-stream").encode())]
     if path == "/trailers":
         headers.append((b"trailer", b"x-sum"))
     if "cl" in q:

@@ -88,6 +88,21 @@ def test_sse_generator_stops_when_the_client_leaves(server, client):
     assert 2 <= stopped["sent"] < 100000
 
 
+@pytest.mark.parametrize("kind", ["plain", "sse"])
+def test_a_stream_that_never_asks_stops_when_the_client_leaves(server, client, kind):
+    # Issue 17: a StreamingResponse learns that its client left only from
+    # send() raising (ASGI spec >= 2.4). The client reads three chunks and
+    # closes its socket (a FIN: only the reset that answers the next chunk
+    # tells it from a half close); at most that one chunk more is produced.
+    key = uuid.uuid4().hex
+    with RawConn(server.port, timeout=5) as c:
+        c.send(f"GET /slow-stream/{kind}/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        c.read_until(b"chunk 2")
+        sent = client.get(f"/slow-stream-state/{key}").json()["sent"]
+    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop", timeout=5)
+    assert st["sent"] <= sent + 1, (sent, st)
+
+
 @pytest.mark.parametrize("name", ["odd.bin", "exact.bin"])
 def test_file_response_runs_its_background_task(client, data, name):
     f = data[name]

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 import websockets.sync.client as ws_client
+from harness import RawConn
 
 from .helpers import poll_json, sha256, sse_events
 
@@ -67,3 +68,15 @@ def test_websocket_listener_text(server):
         assert ws.recv(timeout=10) == "desserts"
         ws.send("é" * 70_000)
         assert ws.recv(timeout=10) == "é" * 70_000
+
+
+def test_a_stream_stops_when_the_client_leaves(server, client):
+    # Issue 17: Litestar listens for http.disconnect while it streams; the
+    # client reads three chunks and closes its socket.
+    key = uuid.uuid4().hex
+    with RawConn(server.port, timeout=5) as c:
+        c.send(f"GET /slow-stream/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        c.read_until(b"chunk 2")
+        sent = client.get(f"/slow-stream-state/{key}").json()["sent"]
+    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop", timeout=5)
+    assert st["sent"] <= sent + 1, (sent, st)

@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 import websockets.sync.client as ws_client
-from harness import request
+from harness import RawConn, request
 from websockets.exceptions import ConnectionClosed
 
-from .helpers import sha256
+from .helpers import poll_json, sha256
 from .servers import serve
 
 APP = "frameworks.apps.quart_app:app"
@@ -93,3 +93,15 @@ def test_after_serving_runs_on_sigterm(server, tmp_path, data_dir):
         pid = json.loads(r.body)["pid"]
         assert s.stop(signal.SIGTERM) in exits, s.logs()
     assert (tmp_path / "serving.log").read_text().splitlines() == [f"before_serving {pid}", f"after_serving {pid}"]
+
+
+def test_a_stream_stops_when_the_client_leaves(server, client):
+    # Issue 17: Quart cancels the request on http.disconnect; the client
+    # reads three chunks and closes its socket.
+    key = uuid.uuid4().hex
+    with RawConn(server.port, timeout=5) as c:
+        c.send(f"GET /slow-stream/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        c.read_until(b"chunk 2")
+        sent = client.get(f"/slow-stream-state/{key}").json()["sent"]
+    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop", timeout=5)
+    assert st["sent"] <= sent + 1, (sent, st)

@@ -99,7 +99,8 @@ impl StreamBody {
         }
         check_deadlines(&self.conn, &self.exch);
         if self.conn.activity.peer_eof() {
-            self.exch.client_eof(&self.conn.shared);
+            let probe = self.conn.eof_probe.lock().as_ref().map(Arc::downgrade);
+            self.exch.client_eof(&self.conn.shared, probe);
         }
         pump_body(
             cx,

@@ -4,19 +4,26 @@
 //! event) reaches the client at once.
 //!
 //! What is never compressed: HEAD, 1xx/204/304 and other bodiless answers,
-//! a response the app encoded itself (`Content-Encoding`), one marked
-//! `Cache-Control: no-transform`, media that is compressed already
-//! (images other than SVG, audio, video, archives), `text/event-stream`
-//! unless `compression_event_stream`, and a body known to be smaller than
-//! `compression_min_size`. A compressed response loses its
-//! `Content-Length` when streamed (a whole body gets the compressed
-//! length) and gains `Vary: Accept-Encoding`.
+//! `206 Partial Content` (its `Content-Range` counts identity bytes, RFC
+//! 9110 §14.4), a response the app encoded itself (`Content-Encoding`), one
+//! marked `Cache-Control: no-transform`, media that is compressed already
+//! (images other than SVG, audio, video, archives) and opaque binary
+//! (`application/octet-stream`: downloads, mostly incompressible),
+//! `text/event-stream` unless `compression_event_stream`, a body known to
+//! be smaller than `compression_min_size`, and a whole body whose encoding
+//! would not be smaller. A client that refuses `identity` (`identity;q=0`,
+//! or `*;q=0` without naming it) gets the coding whatever the size. A
+//! compressed response loses its `Content-Length` when streamed (a whole
+//! body gets the compressed length), gains `Vary: Accept-Encoding`, and a
+//! strong `ETag` becomes weak (`W/"…"`: the encoded bytes are a different
+//! representation, RFC 9110 §8.8.3, as nginx does).
 
 use std::io::Write;
 
 use bytes::Bytes;
 use http::header::{
-    ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, VARY,
+    ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE,
+    ETAG, VARY,
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
@@ -101,7 +108,35 @@ pub fn negotiate(cfg: &Compression, request: &HeaderMap) -> Option<Coding> {
     best.map(|(c, _)| c)
 }
 
-/// Media types that are compressed already.
+/// Whether the request refuses an unencoded response: `identity;q=0`, or
+/// `*;q=0` without `identity` named (RFC 9110 §12.5.3).
+pub fn identity_refused(request: &HeaderMap) -> bool {
+    let mut identity = None;
+    let mut star = None;
+    for v in request.get_all(ACCEPT_ENCODING) {
+        let Ok(v) = v.to_str() else { continue };
+        for item in v.split(',') {
+            let mut parts = item.split(';');
+            let token = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let mut q = 1.0f32;
+            for p in parts {
+                let p = p.trim();
+                if let Some(x) = p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")) {
+                    q = x.trim().parse().unwrap_or(0.0);
+                }
+            }
+            match token.as_str() {
+                "identity" => identity = Some(q),
+                "*" => star = Some(q),
+                _ => {}
+            }
+        }
+    }
+    identity.or(star).is_some_and(|q| q <= 0.0)
+}
+
+/// Media types not worth compressing: compressed already, or opaque
+/// binary.
 fn precompressed(content_type: &str) -> bool {
     let t = content_type
         .split(';')
@@ -124,22 +159,27 @@ fn precompressed(content_type: &str) -> bool {
                 | "application/vnd.rar"
                 | "font/woff"
                 | "font/woff2"
+                | "application/octet-stream"
         )
 }
 
 /// Whether a response may be compressed; `len` is its body length when
-/// known (a whole body, or the app's `Content-Length`).
+/// known (a whole body, or the app's `Content-Length`); `must`: the client
+/// refused `identity` ([`identity_refused`]), so the size does not matter.
 pub fn applies(
     cfg: &Compression,
     head_request: bool,
     status: StatusCode,
     headers: &HeaderMap,
     len: Option<u64>,
+    must: bool,
 ) -> bool {
     if head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
+        || status == StatusCode::PARTIAL_CONTENT
+        || headers.contains_key(CONTENT_RANGE)
         || headers.contains_key(CONTENT_ENCODING)
     {
         return false;
@@ -167,7 +207,7 @@ pub fn applies(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    len.or(declared).is_none_or(|n| n >= cfg.min_size)
+    must || len.or(declared).is_none_or(|n| n >= cfg.min_size)
 }
 
 /// Marks the head as encoded: `Content-Encoding`, `Vary: Accept-Encoding`
@@ -175,6 +215,15 @@ pub fn applies(
 /// compressed one for a whole body).
 pub fn mark_headers(headers: &mut HeaderMap, coding: Coding) {
     headers.remove(CONTENT_LENGTH);
+    if let Some(tag) = headers.get(ETAG) {
+        if !tag.as_bytes().starts_with(b"W/") {
+            let mut weak = b"W/".to_vec();
+            weak.extend_from_slice(tag.as_bytes());
+            if let Ok(v) = HeaderValue::from_bytes(&weak) {
+                headers.insert(ETAG, v);
+            }
+        }
+    }
     headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
     let varies = headers.get_all(VARY).iter().any(|v| {
         v.to_str().is_ok_and(|v| {
@@ -301,6 +350,10 @@ mod tests {
         assert_eq!(negotiate(&cfg(), &ae("*;q=0")), None);
         assert_eq!(negotiate(&cfg(), &ae("br;q=0, *")), Some(Coding::Zstd));
         assert_eq!(negotiate(&cfg(), &HeaderMap::new()), None);
+        assert!(identity_refused(&ae("gzip, identity;q=0")));
+        assert!(identity_refused(&ae("gzip, *;q=0")));
+        assert!(!identity_refused(&ae("gzip, identity;q=0.5, *;q=0")));
+        assert!(!identity_refused(&ae("gzip")));
     }
 
     #[test]
@@ -308,14 +361,30 @@ mod tests {
         let c = cfg();
         let mut h = HeaderMap::new();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("image/png"));
-        assert!(!applies(&c, false, StatusCode::OK, &h, None));
+        assert!(!applies(&c, false, StatusCode::OK, &h, None, false));
         h.insert(CONTENT_TYPE, HeaderValue::from_static("image/svg+xml"));
-        assert!(applies(&c, false, StatusCode::OK, &h, None));
-        assert!(!applies(&c, true, StatusCode::OK, &h, None));
-        assert!(!applies(&c, false, StatusCode::NOT_MODIFIED, &h, None));
-        assert!(!applies(&c, false, StatusCode::OK, &h, Some(10)));
+        assert!(applies(&c, false, StatusCode::OK, &h, None, false));
+        assert!(!applies(&c, true, StatusCode::OK, &h, None, false));
+        assert!(!applies(
+            &c,
+            false,
+            StatusCode::PARTIAL_CONTENT,
+            &h,
+            None,
+            true
+        ));
+        assert!(!applies(
+            &c,
+            false,
+            StatusCode::NOT_MODIFIED,
+            &h,
+            None,
+            false
+        ));
+        assert!(!applies(&c, false, StatusCode::OK, &h, Some(10), false));
+        assert!(applies(&c, false, StatusCode::OK, &h, Some(10), true));
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        assert!(!applies(&c, false, StatusCode::OK, &h, None));
+        assert!(!applies(&c, false, StatusCode::OK, &h, None, false));
     }
 
     #[test]

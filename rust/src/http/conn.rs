@@ -54,6 +54,23 @@ pub(crate) const DRAIN_IDLE: Duration = Duration::from_millis(1000);
 /// How long closing a connection may wait for its last bytes (a TLS
 /// close_notify) to be taken by the client.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+/// Most request bytes read and dropped after a `414` for a request line
+/// hyper could not buffer, before the socket closes.
+const LINGER_BYTES: usize = 1024 * 1024;
+
+/// The `414` for a request line too long to buffer (see
+/// [`LineScan`](crate::http::io::LineScan)): the same status and body as
+/// the head checks' `414`, and `Connection: close`.
+fn uri_too_long() -> Vec<u8> {
+    let body = "request line too long";
+    format!(
+        "HTTP/1.1 414 URI Too Long\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nconnection: close\r\ndate: {}\r\n\r\n{body}",
+        body.len(),
+        httpdate::fmt_http_date(std::time::SystemTime::now()),
+    )
+    .into_bytes()
+}
 
 /// When a draining connection left idle is closed ([`clock_ms`] time).
 fn drain_deadline(ctx: &ConnCtx, since: u64) -> u64 {
@@ -104,6 +121,11 @@ pub(crate) struct ConnCtx {
     /// hyper's read, parked on a hidden end of stream (see
     /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
     pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
+    /// A duplicate of the socket, taken when a hidden end of stream is
+    /// read (HTTP/1.1): `send()` peeks at it to tell a client that left
+    /// (its kernel answered our next write with a reset) from one that only
+    /// half-closed (see [`Exchange::gone_now`](crate::http::exchange::Exchange::gone_now)).
+    pub(crate) eof_probe: Mutex<Option<Arc<std::os::fd::OwnedFd>>>,
     /// Interim (1xx) responses on their way past hyper: the connection's,
     /// shared by its HTTP/2 streams.
     pub(crate) interim: Arc<InterimSlot>,
@@ -149,6 +171,7 @@ impl ConnCtx {
             upgrade: Mutex::new(None),
             tls: self.tls.clone(),
             eof_waker: Mutex::new(None),
+            eof_probe: Mutex::new(None),
             interim: Arc::clone(&self.interim),
             h2_stream: stream,
         }
@@ -323,6 +346,7 @@ pub(crate) async fn serve<I>(
         upgrade: Mutex::new(None),
         tls,
         eof_waker: Mutex::new(None),
+        eof_probe: Mutex::new(None),
         interim: Arc::default(),
         h2_stream: None,
     });
@@ -331,6 +355,7 @@ pub(crate) async fn serve<I>(
         prefix: Bytes::new(),
         conn: Arc::clone(&ctx),
         scan: crate::http::headscan::HeadScan::new(shared.config.limits.field_size),
+        line: Default::default(),
     };
     let mut svc = {
         let ctx = Arc::clone(&ctx);
@@ -352,6 +377,7 @@ pub(crate) async fn serve<I>(
             if let Some(h2) = &shared.http2 {
                 io.scan = None;
                 let _open = shared.metrics.connection(crate::metrics::Proto::Http2);
+                io.stop_line_scan();
                 break crate::http::h2conn::serve(io, &ctx, &member, h2).await;
             }
         }
@@ -369,6 +395,7 @@ pub(crate) async fn serve<I>(
         let upgraded = ctx.upgrade.lock().take();
         if let Some(ws) = upgraded {
             io.scan = None;
+            io.stop_line_scan();
             Box::pin(crate::websocket::driver::run(io, ws, &ctx, &member)).await;
             return;
         }
@@ -376,6 +403,27 @@ pub(crate) async fn serve<I>(
             Stopped::Parked => {
                 shared.trim.parked();
                 continue;
+            }
+            Stopped::Ended(_) if io.request_line_too_long() => {
+                // hyper read no complete head and wrote nothing (see
+                // `LineScan`): the answer is Skirr's, then a lingering
+                // close, so the client reads it rather than a reset.
+                let answer = uri_too_long();
+                let _ = tokio::time::timeout(SHUTDOWN_WAIT, async {
+                    io.write_all(&answer).await?;
+                    io.shutdown().await?;
+                    let mut sink = vec![0u8; 16 * 1024];
+                    let mut left = LINGER_BYTES;
+                    while left > 0 {
+                        match tokio::io::AsyncReadExt::read(&mut io.inner, &mut sink).await? {
+                            0 => break,
+                            n => left = left.saturating_sub(n),
+                        }
+                    }
+                    std::io::Result::Ok(())
+                })
+                .await;
+                break "request line too long";
             }
             Stopped::Ended(reason) => {
                 // hyper left the socket open; close our side cleanly, but

@@ -15,6 +15,7 @@
 //!   holds at most one region's descriptor beyond the limit.
 
 use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -161,6 +162,11 @@ pub(crate) struct ExchState {
     /// delivered, `receive()` reports `http.disconnect` (the response can
     /// still be written).
     pub(crate) eof: bool,
+    /// With `eof`: the socket to peek at for a reset (see
+    /// [`Exchange::gone_now`]).
+    /// Weak: the connection owns the duplicate and closes it with the
+    /// socket, so an app that runs on never holds the socket open.
+    pub(crate) eof_probe: Option<std::sync::Weak<OwnedFd>>,
     // ---- lifecycle
     /// The client went away (or the connection failed) before the response
     /// was fully written.
@@ -186,6 +192,45 @@ pub(crate) struct ExchState {
     /// The server answered a request the app was serving (408/413/503):
     /// its line is the asyncio thread's to write.
     pub(crate) rejection_unlogged: bool,
+    /// When the request head was read (access logging on): the server's
+    /// own answer's line counts its time from there.
+    pub(crate) received: Option<std::time::Instant>,
+    /// Whether the app's trailers (ASGI trailers extension) go out.
+    pub(crate) trailers: TrailersWanted,
+}
+
+/// Whether a response's trailer fields are written: only to a client that
+/// sent `TE: trailers` (RFC 9110 §6.5.1, the ASGI trailers extension).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum TrailersWanted {
+    /// No `TE: trailers`: the body ends without them.
+    #[default]
+    No,
+    /// HTTP/1.1 with `TE: trailers`: the fields the `Trailer` header names.
+    Named,
+    /// HTTP/2 with `TE: trailers`: all of them.
+    Yes,
+}
+
+impl TrailersWanted {
+    /// From the request's version and `TE` fields.
+    pub(crate) fn of(version: http::Version, headers: &HeaderMap) -> Self {
+        let asked = headers
+            .get_all(http::header::TE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| {
+                t.split(';')
+                    .next()
+                    .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            });
+        match (asked, version) {
+            (false, _) => Self::No,
+            (true, http::Version::HTTP_2) => Self::Yes,
+            (true, _) => Self::Named,
+        }
+    }
 }
 
 /// Shared per-request state. See the module docs.
@@ -388,12 +433,17 @@ impl Exchange {
 
     /// The client shut its sending side down (maybe only that: a half
     /// close). Wakes a `receive()` waiting past the request's end.
-    pub(crate) fn client_eof(self: &Arc<Self>, shared: &Shared) {
+    pub(crate) fn client_eof(
+        self: &Arc<Self>,
+        shared: &Shared,
+        probe: Option<std::sync::Weak<OwnedFd>>,
+    ) {
         let mut st = self.st.lock();
         if st.eof {
             return;
         }
         st.eof = true;
+        st.eof_probe = probe;
         let wake = !st.recv_waiters.is_empty();
         drop(st);
         if wake {
@@ -415,6 +465,36 @@ impl Exchange {
         if wake {
             self.needs_python(shared);
         }
+    }
+
+    /// Whether the client is gone, as `send()` must know it: marked gone
+    /// already, or it sent an end of stream and its socket has since
+    /// reported a reset. A client's kernel answers data sent after it
+    /// closed with a reset, while a half-closed client (RFC 9112 §9.6)
+    /// takes the data, so the first write after the end of stream tells
+    /// them apart; the peek (`MSG_PEEK | MSG_DONTWAIT`, one syscall, only
+    /// after an end of stream) reads that answer, so the app's next
+    /// `send()` raises, as uvicorn's does (it treats any end of stream as
+    /// the client leaving). Python side.
+    pub(crate) fn gone_now(&self, shared: &Shared) -> bool {
+        let mut st = self.st.lock();
+        if st.gone {
+            return true;
+        }
+        let Some(fd) = st.eof_probe.as_ref().and_then(std::sync::Weak::upgrade) else {
+            // No end of stream, or the connection is over (its end marked
+            // the exchange gone if the response was not complete).
+            return false;
+        };
+        if !peer_reset(&fd) {
+            return false;
+        }
+        st.gone = true;
+        st.body_end = true;
+        // The response body waiting for a chunk ends (aborted), so hyper
+        // closes the connection now rather than at a timeout.
+        wake_tokio(&mut st, shared);
+        true
     }
 
     /// The server answers this request itself: the app sees
@@ -541,6 +621,38 @@ fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {
 }
 
 /// Asyncio side only (see [`Wakeups::wake`](crate::bridge::wake::Wakeups::wake)).
+/// Whether the connection under `fd` is dead: the client's kernel reset
+/// it (it closed, and our data reached it). A half-closed client's TCP
+/// connection stays in CLOSE_WAIT; a reset moves it to CLOSE (read with
+/// `TCP_INFO`, which changes nothing; a `recv` peek cannot tell: after an
+/// end of stream it returns 0 before any pending error). A Unix socket has
+/// no state to read: a pending error (`SO_ERROR`) tells instead.
+fn peer_reset(fd: &OwnedFd) -> bool {
+    /// Linux's `TCP_CLOSE` (`include/net/tcp_states.h`; not in `libc`).
+    const TCP_CLOSE: u8 = 7;
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `fd` is an open descriptor we own; `info` is a writable
+    // buffer of `len` bytes, which the kernel fills at most.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 && len >= 1 {
+        // SAFETY: zero-initialised, and the kernel wrote `len` >= 1 bytes;
+        // every field is a plain integer.
+        let info = unsafe { info.assume_init() };
+        return info.tcpi_state == TCP_CLOSE;
+    }
+    use nix::sys::socket::{getsockopt, sockopt::SocketError};
+    matches!(getsockopt(fd, SocketError), Ok(e) if e != 0)
+}
+
 fn wake_tokio(st: &mut ExchState, shared: &Shared) {
     if let Some(w) = st.tokio_waker.take() {
         shared.wakeups.wake(w);

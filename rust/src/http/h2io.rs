@@ -39,7 +39,7 @@ use crate::http::h2conn::PREFACE;
 use crate::http::interim::{
     frame_head, hpack_literal, InterimSlot, CONTINUATION, END_HEADERS, HEADERS, MAX_FRAME,
 };
-use crate::http::io::ConnIo;
+use crate::http::io::{ConnIo, Readiness};
 
 /// The field carrying a request's stream id from the transport to the
 /// service (never seen by the app).
@@ -297,7 +297,7 @@ impl<I> H2Io<I> {
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for H2Io<I> {
+impl<I: AsyncRead + Readiness + Unpin> AsyncRead for H2Io<I> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -2,6 +2,7 @@
 //! replay first, plus the activity tracking the connection timers need.
 
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,6 +22,8 @@ pub(crate) trait Readiness {
     const PARKABLE: bool = true;
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// The TCP (or Unix) socket underneath.
+    fn socket_fd(&self) -> BorrowedFd<'_>;
 }
 
 /// A TLS stream is never parked: rustls may hold decrypted bytes the
@@ -35,6 +38,10 @@ impl Readiness for tokio_rustls::server::TlsStream<TcpStream> {
     fn try_read(&self, _buf: &mut [u8]) -> io::Result<usize> {
         Err(io::ErrorKind::Unsupported.into())
     }
+
+    fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.get_ref().0.as_fd()
+    }
 }
 
 impl Readiness for TcpStream {
@@ -45,6 +52,10 @@ impl Readiness for TcpStream {
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         TcpStream::try_read(self, buf)
     }
+
+    fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.as_fd()
+    }
 }
 
 impl Readiness for UnixStream {
@@ -54,6 +65,10 @@ impl Readiness for UnixStream {
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         UnixStream::try_read(self, buf)
+    }
+
+    fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.as_fd()
     }
 }
 
@@ -70,6 +85,88 @@ pub(crate) struct ConnIo<I> {
     /// Measures request heads' field lines as read (HTTP/1.x only; `None`
     /// when the limit is off or the connection speaks something else).
     pub(crate) scan: Option<HeadScan>,
+    /// The request line being read (HTTP/1.1): see [`LineScan`].
+    pub(crate) line: LineScan,
+}
+
+/// How much of a request line has arrived without its end. hyper stops
+/// buffering a head at `max_buf_size` and answers `431` — also for a head
+/// that is one huge request line (a 256 KiB URL). A line longer than
+/// `limit_request_line` and than half that buffer is refused here instead,
+/// before hyper's limit: the read fails, and the connection answers `414`
+/// ([`ConnIo::request_line_too_long`]); shorter ones reach the head checks
+/// (`wire::request`), which answer `414` too.
+#[derive(Default)]
+pub(crate) struct LineScan {
+    len: usize,
+    /// The line's end was seen: nothing to scan until the next request.
+    done: bool,
+    /// Over the limit: every read fails.
+    pub(crate) over: bool,
+    /// The connection no longer carries HTTP/1.1 heads (HTTP/2, a
+    /// WebSocket): nothing is scanned.
+    off: bool,
+}
+
+impl<I> ConnIo<I> {
+    /// A request line went over the limit (see [`LineScan`]): the `414`
+    /// is the connection's to write.
+    pub(crate) fn request_line_too_long(&self) -> bool {
+        self.line.over
+    }
+
+    /// The socket now carries HTTP/2 frames or WebSocket frames: no
+    /// request lines to scan.
+    pub(crate) fn stop_line_scan(&mut self) {
+        self.line.off = true;
+    }
+
+    /// Scans bytes read while no request is being served for the end of
+    /// the request line; true once the line is too long.
+    fn scan_line(&mut self, bytes: &[u8]) -> bool {
+        if self.line.off || self.line.done || bytes.is_empty() {
+            return false;
+        }
+        if bytes.contains(&b'\n') {
+            self.line.done = true;
+            return false;
+        }
+        self.line.len += bytes.len();
+        let cfg = &self.conn.shared.config;
+        let limit = cfg.limits.request_line;
+        if limit == 0 {
+            return false;
+        }
+        // hyper's buffer (see `Shared::new`); 400 KiB is its default.
+        let buffer = if cfg.max_head_size > 0 {
+            cfg.max_head_size.max(8192)
+        } else {
+            400 * 1024
+        };
+        if self.line.len > (buffer / 2).max(limit + 2) {
+            self.line.over = true;
+        }
+        self.line.over
+    }
+
+    /// A request is being served: the next head's line starts afresh.
+    fn reset_line(&mut self) {
+        if self.conn.activity.is_busy() {
+            self.line.len = 0;
+            self.line.done = false;
+        }
+    }
+}
+
+impl<I> Drop for ConnIo<I> {
+    fn drop(&mut self) {
+        // The socket closes now: so does its duplicate (see `eof_probe`).
+        self.conn.eof_probe.lock().take();
+    }
+}
+
+fn line_too_long() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "request line too long")
 }
 
 impl<I: Readiness> ConnIo<I> {
@@ -115,12 +212,16 @@ impl<I> ConnIo<I> {
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
+impl<I: AsyncRead + Readiness + Unpin> AsyncRead for ConnIo<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.line.over {
+            return Poll::Ready(Err(line_too_long()));
+        }
+        self.reset_line();
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
@@ -129,6 +230,11 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
             this.conn.activity.on_bytes();
             let filled = buf.filled();
             this.scan(&filled[filled.len() - n..]);
+            if !this.conn.activity.is_busy()
+                && this.scan_line(&buf.filled()[buf.filled().len() - n..])
+            {
+                return Poll::Ready(Err(line_too_long()));
+            }
             return Poll::Ready(Ok(()));
         }
         if self.conn.activity.peer_eof() {
@@ -142,7 +248,8 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
         let room = buf.remaining() > 0;
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(res, Poll::Ready(Ok(()))) {
-            let activity = &self.conn.activity;
+            let activity = Arc::clone(&self.conn);
+            let activity = &activity.activity;
             if buf.filled().len() > before {
                 self.conn
                     .shared
@@ -153,9 +260,18 @@ impl<I: AsyncRead + Unpin> AsyncRead for ConnIo<I> {
                     let this = &mut *self;
                     this.scan(&buf.filled()[before..]);
                 }
+                if !activity.is_busy() && self.scan_line(&buf.filled()[before..]) {
+                    return Poll::Ready(Err(line_too_long()));
+                }
             } else if room {
                 activity.on_eof();
                 if activity.awaits_response() {
+                    // Kept so `send()` can tell a client that left from a
+                    // half close (`Exchange::gone_now`); a failed dup only
+                    // leaves the write errors to tell.
+                    if let Ok(fd) = self.inner.socket_fd().try_clone_to_owned() {
+                        *self.conn.eof_probe.lock() = Some(Arc::new(fd));
+                    }
                     // A half close after a complete request: hidden from
                     // hyper (which would drop the request) until the
                     // response is written; the app's receive() learns it

@@ -45,6 +45,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
     // `interim`), not HTTP/1.0 clients.
     let interim = req.conn.sends_interim(req.parts.version);
     let built = scope::http_scope(py, ctx, &req);
+    req.exch.lock().trailers = exchange::TrailersWanted::of(req.parts.version, &req.parts.headers);
     let HttpRequest {
         parts,
         exch,

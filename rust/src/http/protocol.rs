@@ -18,7 +18,7 @@ use crate::bridge::awaitable::ready;
 use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::{BodyOut, ExchState, Exchange, Out, ResponseHead};
+use crate::http::exchange::{BodyOut, ExchState, Exchange, Out, ResponseHead, TrailersWanted};
 use crate::http::message::{parse_http_send, HttpSend};
 use crate::http::zerocopy;
 use crate::server::Shared;
@@ -66,6 +66,9 @@ struct ProtoState {
     trailing: bool,
     /// Trailer fields gathered over `more_trailers` messages.
     trailers: Option<HeaderMap>,
+    /// The field names the start's `Trailer` header lists (lowercase):
+    /// HTTP/1.1 writes only those (hyper).
+    trailer_names: Vec<String>,
 }
 
 /// `receive` and `send` callables for one HTTP request.
@@ -170,7 +173,7 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
         .then(|| {
             ex.access_scope
                 .take()
-                .map(|s| (s, ex.wire_status, ex.wire_bytes))
+                .map(|s| (s, ex.wire_status, ex.wire_bytes, ex.received))
         })
         .flatten();
     let mut send = Vec::new();
@@ -179,9 +182,10 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
         send = std::mem::take(&mut ex.send_waiters);
     }
     drop(ex);
-    if let Some((scope, status, bytes)) = rejected {
-        // The server answered while the app was serving (408/413/503).
-        write_access(py, ctx, &scope, status, py.None(), bytes, None);
+    if let Some((scope, status, bytes, received)) = rejected {
+        // The server answered while the app was serving (408/413/503):
+        // its time is the wait until that answer.
+        write_access(py, ctx, &scope, status, py.None(), bytes, received);
     }
     for (w, msg) in recv {
         resolve(w.bind(py), msg);
@@ -206,7 +210,9 @@ impl HttpProtocol {
     ) -> Self {
         let logging = scope.is_some();
         if logging {
-            exch.lock().access_scope = scope;
+            let mut ex = exch.lock();
+            ex.access_scope = scope;
+            ex.received = received;
         }
         Self {
             exch,
@@ -226,6 +232,7 @@ impl HttpProtocol {
                 announced: false,
                 trailing: false,
                 trailers: None,
+                trailer_names: Vec::new(),
             }),
         }
     }
@@ -484,10 +491,55 @@ impl HttpProtocol {
         }
         if !more {
             let all = st.trailers.take().unwrap_or_default();
-            self.exch.push_trailers(all, &self.ctx.shared);
+            let wanted = self.exch.lock().trailers;
+            match wanted {
+                TrailersWanted::No => {
+                    // The client did not send `TE: trailers` (ASGI
+                    // trailers extension; RFC 9110 §6.5.1): the body ends
+                    // without them, on HTTP/2 as on HTTP/1.1.
+                    self.exch
+                        .push_out(Out::Data(Bytes::new()), true, &self.ctx.shared);
+                }
+                TrailersWanted::Named => {
+                    self.warn_unnamed_trailers(py, st, &all);
+                    self.exch.push_trailers(all, &self.ctx.shared);
+                }
+                TrailersWanted::Yes => self.exch.push_trailers(all, &self.ctx.shared),
+            }
             self.finish(py, st);
         }
         self.ctx.done(py)
+    }
+
+    /// HTTP/1.1 writes only the trailer fields the response's `Trailer`
+    /// header names (RFC 9110 §6.6.2; hyper drops the rest): the others
+    /// are warned about once per app location (the frame that called
+    /// `send()`).
+    fn warn_unnamed_trailers(&self, py: Python<'_>, st: &ProtoState, fields: &HeaderMap) {
+        let dropped: Vec<&str> = fields
+            .keys()
+            .map(|k| k.as_str())
+            .filter(|k| !st.trailer_names.iter().any(|n| n == k))
+            .collect();
+        if dropped.is_empty() {
+            return;
+        }
+        let location = caller_location(py);
+        if !self.ctx.warn_once(format!("trailers {location}")) {
+            return;
+        }
+        self.ctx.log(
+            py,
+            30,
+            &format!(
+                "trailer fields {} sent at {location} were dropped: on HTTP/1.1 only the \
+                 fields the response's Trailer header names are sent (RFC 9110 §6.6.2); \
+                 name them in http.response.start, e.g. (b\"trailer\", b\"{}\") (warned once \
+                 per location)",
+                dropped.join(", "),
+                dropped.join(", "),
+            ),
+        );
     }
 
     /// A body on a 1xx/204/304 response is dropped, as every peer does
@@ -728,6 +780,16 @@ impl HttpProtocol {
                 };
                 st.status = status.as_u16();
                 st.announced = trailers;
+                if trailers {
+                    st.trailer_names = headers
+                        .get_all(http::header::TRAILER)
+                        .iter()
+                        .filter_map(|v| v.to_str().ok())
+                        .flat_map(|v| v.split(','))
+                        .map(|n| n.trim().to_ascii_lowercase())
+                        .filter(|n| !n.is_empty())
+                        .collect();
+                }
                 st.trailing = trailers && !self.head && !st.no_body;
                 if st.logging {
                     let h = message.get_item(names(py).headers.bind(py)).ok();

@@ -400,7 +400,13 @@ pub(crate) async fn handle(
         .compression
         .as_ref()
         .and_then(|c| compress::negotiate(c, &parts.headers))
-        .map(|coding| (coding, parts.method == http::Method::HEAD));
+        .map(|coding| {
+            (
+                coding,
+                parts.method == http::Method::HEAD,
+                compress::identity_refused(&parts.headers),
+            )
+        });
     let bodyless = body.is_end_stream();
     // `Expect` only matters for a request with a body. hyper's HTTP/2
     // server cannot send a 100 (no interim responses), so an HTTP/2 body is
@@ -478,7 +484,7 @@ pub(crate) async fn handle(
     let head = poll_fn(|cx| {
         check_deadlines(&conn, &exch);
         if conn.activity.peer_eof() {
-            exch.client_eof(shared);
+            exch.client_eof(shared, conn.eof_probe.lock().as_ref().map(Arc::downgrade));
         }
         pump_body(cx, &exch, &mut incoming, &conn, expect_continue);
         loop {
@@ -520,15 +526,21 @@ pub(crate) async fn handle(
 
     let mut head = head;
     let mut coder = None;
-    if let (Some(cfg), Some((coding, head_request))) = (&conn.shared.config.compression, coding) {
+    if let (Some(cfg), Some((coding, head_request, must))) =
+        (&conn.shared.config.compression, coding)
+    {
         let len = match &head.body {
             BodyOut::Full(d) => Some(d.len() as u64),
             BodyOut::File { len, .. } => Some(*len),
             BodyOut::Stream => None,
         };
-        if compress::applies(cfg, head_request, head.status, &head.headers, len) {
+        if compress::applies(cfg, head_request, head.status, &head.headers, len, must) {
             if let BodyOut::Full(d) = &head.body {
                 match compress::whole(coding, d) {
+                    // Encoding that does not shrink the body (random or
+                    // compressed bytes) is not applied: it costs the
+                    // client the decoding for nothing.
+                    Ok(z) if z.len() >= d.len() && !must => {}
                     Ok(z) => {
                         head.body = BodyOut::Full(z);
                         compress::mark_headers(&mut head.headers, coding);
@@ -560,12 +572,24 @@ pub(crate) async fn handle(
         None => body,
     };
     let mut resp = Response::new(body);
-    *resp.status_mut() = head.status;
+    set_status(&mut resp, head.status);
     *resp.headers_mut() = head.headers;
     if conn.shared.config.server_timing {
         server_timing(resp.headers_mut(), app_started, received);
     }
     Ok(resp)
+}
+
+/// Sets `resp`'s status. hyper writes the literal reason phrase `<none>`
+/// for a status it has none for (`499`, `299`, `520`…); the phrase may be
+/// empty (RFC 9112 §4), as uvicorn (h11, httptools) sends it: the status
+/// line is then `HTTP/1.1 499 ` (HTTP/2 has no reason phrase).
+pub(crate) fn set_status<B>(resp: &mut Response<B>, status: http::StatusCode) {
+    if status.canonical_reason().is_none() {
+        resp.extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(b""));
+    }
+    *resp.status_mut() = status;
 }
 
 /// Appends `Server-Timing: app;dur=…, total;dur=…` (W3C Server Timing;

@@ -69,6 +69,9 @@ pub(crate) struct Shared {
     /// the Tokio thread (Gunicorn's `worker_int` and `worker_abort`: the
     /// asyncio loop may be the thing that is stuck).
     pub(crate) signal_hook: std::sync::OnceLock<Py<PyAny>>,
+    /// Called once lifespan startup has succeeded, before the first
+    /// accept (the standalone CLI's "listening at" line).
+    pub(crate) ready_hook: std::sync::OnceLock<Py<PyAny>>,
     /// Signals forwarded to the app's `loop.add_signal_handler` callbacks.
     pub(crate) signals: signals::Forwarding,
     /// Whether the asyncio loop turns (`loop_stall_timeout`).
@@ -161,6 +164,7 @@ impl Shared {
             tls,
             tls_server_cert,
             signal_hook: std::sync::OnceLock::new(),
+            ready_hook: std::sync::OnceLock::new(),
             signals: signals::Forwarding::default(),
             watchdog,
             health,
@@ -196,6 +200,18 @@ impl Shared {
 
     pub(crate) fn stop_rx(&self) -> watch::Receiver<Option<Stop>> {
         self.stop.subscribe()
+    }
+
+    /// Runs the ready hook, if any (Tokio thread, once startup has
+    /// succeeded); its errors are logged.
+    pub(crate) fn ready_hook(&self) {
+        if let Some(hook) = self.ready_hook.get() {
+            Python::attach(|py| {
+                if let Err(e) = hook.call0(py) {
+                    tracing::error!("ready hook failed: {e}");
+                }
+            });
+        }
     }
 
     /// Runs the signal hook, if any; its errors are logged.
@@ -415,6 +431,13 @@ impl Server {
     #[getter]
     fn pending_tasks(&self) -> usize {
         self.ctx.tasks.lock().len()
+    }
+
+    /// Sets `hook()`, called once lifespan startup has succeeded (or was
+    /// skipped), before the first connection is accepted; not called when
+    /// startup fails. From a Tokio thread, with the GIL.
+    fn set_ready_hook(&self, hook: Py<PyAny>) {
+        let _ = self.shared.ready_hook.set(hook);
     }
 
     /// Sets `hook(name)`, called on SIGINT, SIGQUIT and SIGABRT (once).

@@ -229,6 +229,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
         }
     };
     shared.health.serving();
+    shared.ready_hook();
     tokio::spawn(crate::server::watchdog::Watchdog::run(Arc::clone(&shared)));
     acceptors.extend(spawn_acceptors(
         listeners.take(),

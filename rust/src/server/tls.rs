@@ -270,7 +270,16 @@ where
             return Poll::Ready(Err("the server is stopping".to_owned()));
         }
         if let Poll::Ready(r) = accept.as_mut().poll(cx) {
-            return Poll::Ready(r.map_err(|e| e.to_string()));
+            return Poll::Ready(r.map_err(|e| {
+                if let Some(why) = client_cert_refusal(&e) {
+                    // The one handshake failure an operator must see: a
+                    // client with a certificate, refused (an X.509 v1
+                    // certificate from `openssl x509 -req`, an unknown
+                    // issuer, expired, none where one is required).
+                    tracing::info!("TLS handshake with {peer}: client certificate refused: {why}");
+                }
+                e.to_string()
+            }));
         }
         match deadline.as_mut().map(|d| d.as_mut().poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(Err(format!("not completed in {limit:?}"))),
@@ -284,6 +293,26 @@ where
             tracing::debug!("TLS handshake with {peer}: {why}");
             None
         }
+    }
+}
+
+/// Why rustls refused the client's certificate, if that is why the
+/// handshake failed.
+fn client_cert_refusal(e: &std::io::Error) -> Option<String> {
+    let err = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    match err {
+        rustls::Error::InvalidCertificate(why) => {
+            let why = format!("{why:?}");
+            let hint = if why.contains("UnsupportedCertVersion") {
+                " (an X.509 v1 certificate, as `openssl x509 -req` makes without \
+                 `-extfile`: only v3 is accepted)"
+            } else {
+                ""
+            };
+            Some(format!("{why}{hint}"))
+        }
+        rustls::Error::NoCertificatesPresented => Some("none presented".into()),
+        _ => None,
     }
 }
 

@@ -11,15 +11,19 @@
 //! | a ping unanswered within `ws_ping_timeout`      | 1011 |
 //! | the server shuts down (after the drain deadline)| 1001 |
 //! | the connection dropped without a close frame    | (1006 to the app) |
+//!
+//! A peer that ends its side without a close frame still gets the app's
+//! replies to what it sent, until the app has caught up (or 2 s).
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Sink, Stream};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{sleep, Instant, Sleep};
 use tokio_tungstenite::WebSocketStream;
 use tungstenite::error::ProtocolError;
@@ -34,6 +38,68 @@ use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS
 /// The socket after the 101, with any bytes hyper had read ahead replayed.
 trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
+
+/// The socket as tungstenite sees it: an end of stream is hidden (reads
+/// stay pending) and reported through `eof` instead. tungstenite refuses
+/// to write once it has read an end of stream without a close frame, but
+/// a peer that only shut its sending side down still reads: the app's
+/// replies to what it sent must reach it (see `Driver::read_closed`).
+struct EofShield<I> {
+    inner: I,
+    eof: Arc<AtomicBool>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for EofShield<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.eof.load(Ordering::Relaxed) {
+            return Poll::Pending;
+        }
+        let before = buf.filled().len();
+        let room = buf.remaining() > 0;
+        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(res, Poll::Ready(Ok(()))) && room && buf.filled().len() == before {
+            self.eof.store(true, Ordering::Relaxed);
+            // The driver's next poll sees the flag.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        res
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for EofShield<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 type Ws<'a> = WebSocketStream<&'a mut dyn Socket>;
 
 /// How long the peer gets to answer our close frame before the TCP
@@ -87,6 +153,13 @@ struct Driver {
     /// The worker drains: our close (1012 or 1001) goes out when this
     /// fires (`drain_grace`, see `server::drain`).
     drain_timer: Option<Pin<Box<Sleep>>>,
+    /// The peer shut its sending side down without a close frame: reading
+    /// is over, but the app may still answer what it sent (uvicorn writes
+    /// those replies too); the connection ends once the app has caught up,
+    /// or at this deadline (`FAIL_GRACE`), with 1006 for the app.
+    read_closed: Option<Pin<Box<Sleep>>>,
+    /// Set by [`EofShield`] when the peer's end of stream is read.
+    eof: Arc<AtomicBool>,
 }
 
 impl Driver {
@@ -320,6 +393,30 @@ impl Driver {
             }
             return Poll::Pending;
         }
+        if self.read_closed.is_none() && self.eof.load(Ordering::Relaxed) {
+            if self.close_sent || self.peer_closed {
+                // The close handshake is over, or the peer vanished
+                // during ours.
+                if !self.peer_closed {
+                    self.outcome.get_or_insert((ABNORMAL, String::new()));
+                }
+                return self.finish(ws, cx);
+            }
+            self.read_closed = Some(Box::pin(sleep(FAIL_GRACE)));
+            self.ws.lock().notify_idle = true;
+        }
+        if let Some(timer) = self.read_closed.as_mut() {
+            let idle = {
+                let st = self.ws.lock();
+                st.inbound.is_empty() && st.outbound.is_empty() && !st.recv_waiters.is_empty()
+            };
+            if idle || timer.as_mut().poll(cx).is_ready() {
+                self.read_closed = None;
+                self.outcome.get_or_insert((ABNORMAL, String::new()));
+                return self.finish(ws, cx);
+            }
+            return Poll::Pending;
+        }
         if self.read(ws, cx).is_ready() {
             // Flush what is buffered (a close reply among it) first.
             return self.finish(ws, cx);
@@ -359,7 +456,7 @@ impl Driver {
 /// HTTP/1.1 it runs in the task of the connection it upgraded, on the socket
 /// hyper handed back; on HTTP/2 in a task of its own, on the upgraded
 /// stream (`io` is then hyper's stream, its shutdown the END_STREAM).
-pub(crate) async fn run<I>(mut io: I, ws: Arc<WsShared>, conn: &Arc<ConnCtx>, member: &Member<'_>)
+pub(crate) async fn run<I>(io: I, ws: Arc<WsShared>, conn: &Arc<ConnCtx>, member: &Member<'_>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -375,7 +472,12 @@ where
         // Small read buffer: an idle socket should cost little memory.
         .read_buffer_size(4096)
         .write_buffer_size(0);
-    let socket: &mut dyn Socket = &mut io;
+    let eof = Arc::new(AtomicBool::new(false));
+    let mut shielded = EofShield {
+        inner: io,
+        eof: Arc::clone(&eof),
+    };
+    let socket: &mut dyn Socket = &mut shielded;
     let mut stream = WebSocketStream::from_raw_socket(socket, Role::Server, Some(config)).await;
     let ping_timer =
         (!cfg.ws_ping_interval.is_zero()).then(|| Box::pin(sleep(cfg.ws_ping_interval)));
@@ -393,6 +495,8 @@ where
         peer_closed: false,
         finishing: None,
         drain_timer: None,
+        read_closed: None,
+        eof,
     };
     poll_fn(|cx| driver.poll(&mut stream, cx, member)).await;
     let (code, reason) = driver.outcome.take().unwrap_or((ABNORMAL, String::new()));

@@ -7,16 +7,19 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Response, StatusCode};
+use http_body::Body;
 use hyper::upgrade::OnUpgrade;
 
 use crate::bridge::queue::Event;
 use crate::http::body::ResponseBody;
 use crate::http::conn::{BusyGuard, ConnCtx};
-use crate::http::exchange::BodyOut;
+use crate::http::exchange::{BodyOut, Exchange};
+use crate::http::service::HttpRequest;
 use crate::server::Shared;
 use crate::websocket::handshake;
 use crate::websocket::shared::{Decision, WsShared, ABNORMAL};
@@ -51,8 +54,52 @@ fn respond(resp: Response<Bytes>, mut busy: BusyGuard) -> Response<ResponseBody>
     resp.map(|b| ResponseBody::full(b, busy))
 }
 
-/// Serves a WebSocket handshake; see the module docs.
+/// Serves a WebSocket handshake; see the module docs. With the access log
+/// on, the answer gets one line, as an HTTP response's: the status on the
+/// wire (101, or 200 to an HTTP/2 extended CONNECT; 403; the app's own
+/// response; Skirr's 400/426/500) and the body bytes, timed from the head
+/// to the answer. A session's end is not logged (its close code reaches
+/// the app; a line per session would double a chat server's log).
 pub(crate) async fn handle(
+    parts: Parts,
+    conn: Arc<ConnCtx>,
+    busy: BusyGuard,
+) -> Response<ResponseBody> {
+    let logged = conn
+        .shared
+        .config
+        .access_log
+        .then(|| (head_copy(&parts), Instant::now()));
+    let resp = decide(parts, Arc::clone(&conn), busy).await;
+    if let Some((parts, received)) = logged {
+        let bytes = resp.body().size_hint().exact().unwrap_or(0);
+        conn.shared.queue.push(Event::Access(
+            Box::new(HttpRequest {
+                parts,
+                exch: Arc::new(Exchange::default()),
+                conn: Arc::clone(&conn),
+                received: Some(received),
+            }),
+            resp.status().as_u16(),
+            bytes,
+        ));
+    }
+    resp
+}
+
+/// What the access-log line needs of a request head (`Parts` is not
+/// `Clone`: its extensions are not).
+fn head_copy(p: &Parts) -> Parts {
+    let (mut c, ()) = http::Request::new(()).into_parts();
+    c.method = p.method.clone();
+    c.uri = p.uri.clone();
+    c.version = p.version;
+    c.headers = p.headers.clone();
+    c
+}
+
+/// The handshake's answer: the app's decision, or Skirr's refusal.
+async fn decide(
     mut parts: Parts,
     conn: Arc<ConnCtx>,
     mut busy: BusyGuard,
@@ -131,7 +178,7 @@ pub(crate) async fn handle(
             };
             busy.responded(head.status);
             let mut resp = Response::new(ResponseBody::full(body, busy));
-            *resp.status_mut() = head.status;
+            crate::http::service::set_status(&mut resp, head.status);
             *resp.headers_mut() = head.headers;
             resp
         }

@@ -179,6 +179,36 @@ async def sse(request: Request, n: int = 5, key: str = ""):
     return EventSourceResponse(events())
 
 
+SLOW_STREAMS: dict[str, dict] = {}  # key -> {"sent": n, "stopped": bool}
+
+
+@app.get("/slow-stream/{kind}/{key}")
+async def slow_stream(kind: str, key: str):
+    """Up to 80 chunks 0.2 s apart that never ask whether the client is
+    still there (an LLM token stream): a StreamingResponse (ASGI spec >= 2.4:
+    Starlette stops on send() raising OSError) or an sse-starlette
+    EventSourceResponse (which listens for http.disconnect itself)."""
+    rec = SLOW_STREAMS[key] = {"sent": 0, "stopped": False}
+
+    async def chunks():
+        try:
+            for i in range(80):
+                yield f"chunk {i}\n" if kind == "plain" else {"data": f"chunk {i}"}
+                rec["sent"] += 1
+                await asyncio.sleep(0.2)
+        finally:
+            rec["stopped"] = True
+
+    if kind == "plain":
+        return StreamingResponse(chunks(), media_type="text/plain")
+    return EventSourceResponse(chunks())
+
+
+@app.get("/slow-stream-state/{key}")
+async def slow_stream_state(key: str):
+    return SLOW_STREAMS.get(key, {})
+
+
 @app.get("/sse/stopped/{key}")
 async def sse_stopped(key: str):
     return {"stopped": key in SSE_STOPPED, "sent": SSE_STOPPED.get(key)}

@@ -13,7 +13,7 @@ from litestar import Litestar, WebSocket, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
 from litestar.handlers import websocket_listener
-from litestar.response import File, ServerSentEvent, ServerSentEventMessage
+from litestar.response import File, ServerSentEvent, ServerSentEventMessage, Stream
 
 DATA = Path(os.environ.get("FRAMEWORKS_DATA", "."))
 EVENTS: list[str] = []  # WebSocket listener hooks and background tasks, in order
@@ -62,6 +62,31 @@ async def sse(n: int = 5) -> ServerSentEvent:
     return ServerSentEvent(events())
 
 
+SLOW_STREAMS: dict[str, dict] = {}
+
+
+@get("/slow-stream/{key:str}")
+async def slow_stream(key: str) -> Stream:
+    """Up to 80 chunks 0.2 s apart; records when the generator stops."""
+    rec = SLOW_STREAMS[key] = {"sent": 0, "stopped": False}
+
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        try:
+            for i in range(80):
+                yield f"chunk {i}\n".encode()
+                rec["sent"] += 1
+                await asyncio.sleep(0.2)
+        finally:
+            rec["stopped"] = True
+
+    return Stream(chunks(), media_type="text/plain")
+
+
+@get("/slow-stream-state/{key:str}")
+async def slow_stream_state(key: str) -> dict:
+    return SLOW_STREAMS.get(key, {})
+
+
 async def _record(what: str) -> None:
     EVENTS.append(what)
 
@@ -95,7 +120,19 @@ async def ws_text(data: str) -> str:
 
 
 app = Litestar(
-    route_handlers=[healthz, state_view, stock, add_stock, sse, file, events_view, ws_listener, ws_text],
+    route_handlers=[
+        healthz,
+        state_view,
+        stock,
+        add_stock,
+        sse,
+        slow_stream,
+        slow_stream_state,
+        file,
+        events_view,
+        ws_listener,
+        ws_text,
+    ],
     lifespan=[lifespan],
     on_startup=[on_startup],
 )

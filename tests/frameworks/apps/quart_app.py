@@ -88,3 +88,28 @@ async def ws():
             await websocket.close(1000, "done")
             return
         await websocket.send(f"echo: {data}" if isinstance(data, str) else data)
+
+
+SLOW_STREAMS: dict[str, dict] = {}
+
+
+@app.get("/slow-stream/<key>")
+async def slow_stream(key: str):
+    """Up to 80 chunks 0.2 s apart; records when the generator stops."""
+    rec = SLOW_STREAMS[key] = {"sent": 0, "stopped": False}
+
+    async def chunks():
+        try:
+            for i in range(80):
+                yield f"chunk {i}\n".encode()
+                rec["sent"] += 1
+                await asyncio.sleep(0.2)
+        finally:
+            rec["stopped"] = True
+
+    return chunks(), 200, {"content-type": "text/plain"}
+
+
+@app.get("/slow-stream-state/<key>")
+async def slow_stream_state(key: str):
+    return jsonify(SLOW_STREAMS.get(key, {}))

@@ -47,7 +47,7 @@ impl HttpProtocol {
             }
             Phase::Held | Phase::Streaming | Phase::WireDone => {}
         }
-        if self.exch.lock().gone {
+        if self.exch.gone_now(shared) {
             return Err(self.client_gone(py, st));
         }
         let mut body = body;
