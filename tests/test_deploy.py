@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -92,6 +93,10 @@ def test_probes_ports_and_timeouts_agree():
     # The load balancer must see the pod unready before the drain begins.
     assert readiness["periodSeconds"] * readiness["failureThreshold"] < drain_delay
     assert drain_delay < graceful_timeout() < grace
+    metrics_port = int(env()["SKIRR_METRICS_BIND"].rsplit(":", 1)[1])
+    assert {"name": "metrics", "containerPort": metrics_port} in c["ports"]
+    annotations = deployment()["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(metrics_port)
 
 
 def _status(port: int, path: str) -> int | None:
@@ -109,15 +114,21 @@ def test_the_deployments_command_serves_and_drains(tmp_path):
     argv = [PY, "-m", "gunicorn", *argv[1:]]
     log = tmp_path / "server.log"
     health = env()["SKIRR_HEALTH_PATH"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    variables = {**env(), "SKIRR_METRICS_BIND": f"127.0.0.1:{metrics_port}"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            argv, cwd=ROOT, env=_env(env()), stdout=out, stderr=subprocess.STDOUT, pass_fds=[sock.fileno()]
+            argv, cwd=ROOT, env=_env(variables), stdout=out, stderr=subprocess.STDOUT, pass_fds=[sock.fileno()]
         )
     try:
         wait_until(lambda: _status(port, health) == 200, timeout=30, what="the health path")
         body = json.loads(request(port, "GET", health).body)
         assert body["status"] == "ok", body
         assert _status(port, "/items/1") == 200
+        scrape = request(metrics_port, "GET", "/metrics").body.decode()
+        assert re.search(r'^skirr_requests_total\{[^}]*status="2xx"[^}]*\} [1-9]', scrape, re.M), scrape
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         wait_until(lambda: _status(port, health) == 503, timeout=3, what="the health path saying 503")
