@@ -202,3 +202,22 @@ def test_no_failed_request_across_sigterm_with_a_drain_delay():
         assert seen_draining.is_set()
         assert statuses and set(statuses) == {200}, statuses
         assert g.wait(20) == 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--health-path", "/"], "'/' would take the app's root page"),
+        (["--health-path", "/_health?full=1"], "could never match a request's path (it contains '?')"),
+        (["--health-path", "/a b"], "could never match a request's path (it contains ' ')"),
+        (["--health-path", "/%5Fhealth"], "could never match a request's path (it contains '%')"),
+        (["--loop-stall-timeout", "0.01"], "must be 0 (off) or at least 0.25 s, got 0.01"),
+    ],
+)
+def test_a_health_path_that_cannot_match_or_a_flapping_stall_bound_is_refused(args, message):
+    out = subprocess.run(
+        [PY, "-m", "skirr", APP, "--port", "0", *args],
+        capture_output=True, text=True, timeout=30, cwd=str(ROOT), env={"PYTHONPATH": str(ROOT / "tests")},
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr

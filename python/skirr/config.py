@@ -194,10 +194,33 @@ def _seconds(v: Any) -> float:
 
 
 def _health_path(v: Any) -> str | None:
+    """A path the health probe can match: it is compared with the request's
+    path as sent (no query, not percent-decoded), so a value with a query,
+    a fragment, an escape or a space could never match, and ``/`` would hide
+    the app's root."""
     p = _optional_str(v)
-    if p is not None and not p.startswith("/"):
+    if p is None:
+        return p
+    if not p.startswith("/"):
         raise ValueError(f"must be a path starting with '/', got {p!r}")
+    if p == "/":
+        raise ValueError("'/' would take the app's root page; use a path of its own, e.g. /_health")
+    bad = sorted({c for c in p if c in "?#%" or c.isspace() or not c.isprintable()})
+    if bad:
+        raise ValueError(f"{p!r} could never match a request's path (it contains {''.join(bad)!r})")
     return p
+
+
+#: The smallest ``loop_stall_timeout``: the loop stamps every quarter of the
+#: bound, and a bound near a loop turn's ordinary length would flap.
+MIN_LOOP_STALL = 0.25
+
+
+def _stall_seconds(v: Any) -> float:
+    t = _seconds(v)
+    if 0 < t < MIN_LOOP_STALL:
+        raise ValueError(f"must be 0 (off) or at least {MIN_LOOP_STALL:g} s, got {t:g}")
+    return t
 
 
 @dataclass(frozen=True)
@@ -351,7 +374,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "loop_stall_timeout",
         2.0,
-        _seconds,
+        _stall_seconds,
         "an event loop that has not turned for this long stops the worker accepting; requests not yet"
         " in the app get 503 + Retry-After until it turns again (seconds; 0: never)",
     ),
