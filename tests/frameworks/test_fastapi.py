@@ -4,16 +4,21 @@ statuses."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
 import uuid
 
+import harness
 import httpx
 import pytest
 import websockets.sync.client as ws_client
-from harness import RawConn
+from harness import RawConn, gunicorn, request, wait_until
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .helpers import assert_bodyless, poll_json, sha256, sse_events
+from .servers import selected
 
 APP = "frameworks.apps.fastapi_app:app"
 
@@ -225,3 +230,36 @@ def test_upload_with_expect_100_continue(server):
         "sha256": sha256(payload),
         "title": "curl",
     }
+
+
+@pytest.mark.parametrize("kind", [k for k in ("gunicorn", "uvicorn") if k in selected()])
+def test_a_blocked_worker_leaves_new_connections_to_the_other_one(kind, tmp_path):
+    """Issue 17 item 1, with two Gunicorn workers: one view blocks its
+    worker's loop past Gunicorn's timeout (the worker is killed); requests
+    on new connections meanwhile all get an answer — 200 from the other
+    worker, or a 503 + Retry-After that is safe to retry — never an empty
+    reply from a worker that took them and died (c47abb2: several)."""
+    worker = "skirr.RustWorker" if kind == "gunicorn" else "uvicorn.workers.UvicornWorker"
+    marker = tmp_path / "blocked"
+    with gunicorn(APP, "-k", worker, "-w", "2", "--timeout", "4") as g:
+
+        def block():
+            # Its own answer is lost with the killed worker, as under uvicorn.
+            with contextlib.suppress(OSError, harness.ConnectionClosed):
+                request(g.port, "GET", f"/block?seconds=8&marker={marker}")
+
+        blocker = threading.Thread(target=block)
+        blocker.start()
+        wait_until(marker.exists, what="a worker's loop blocked")
+        answers = []
+        deadline = time.monotonic() + 6  # past the 4 s timeout: the blocked worker is killed
+        while time.monotonic() < deadline:
+            try:
+                r = request(g.port, "GET", "/items/1")
+                answers.append((r.status, r.header("retry-after")))
+            except (OSError, harness.ConnectionClosed) as e:
+                answers.append(("no answer", type(e).__name__))
+            time.sleep(0.2)
+        blocker.join(20)
+    failed = [a for a in answers if a[0] not in (200, 503) or (a[0] == 503 and a[1] is None)]
+    assert not failed, f"{len(failed)} of {len(answers)}: {failed}"

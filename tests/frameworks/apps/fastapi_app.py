@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import weakref
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -59,6 +60,16 @@ async def healthz():
 @app.get("/lifespan-state")
 async def lifespan_state(request: Request):
     return {"boot_id": request.state.boot_id, "started_in": request.state.started_in}
+
+
+@app.get("/block")
+async def block(seconds: float, marker: str):
+    """A view that blocks its worker's event loop (a synchronous call in an
+    async view); ``marker`` (a file name) is written first, so a test knows
+    the loop is blocked."""
+    Path(marker).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return {"slept": seconds}
 
 
 @app.get("/items/{item_id}")
