@@ -15,11 +15,20 @@ of it (reopened when closed); a probe opening a new connection every
 0.1 s (GET /healthz, 5 s timeout). "No worker accepted" adds up the probes'
 waits beyond 0.25 s (probes run one at a time, so their waits do not
 overlap). Prints one JSON line.
+
+``--mixed`` adds the issue's other clients (app: bench/recycle_gap_app.py):
+2 streamed responses at a time (20 chunks, 50 ms apart, checked for order
+and completeness), 2 WebSocket clients echoing 1 KiB binary messages
+checked by SHA-256 (a close 1001/1012 from a recycle is counted, not
+failed; then they reconnect), 2 HTTP/2 clients (h2c prior knowledge,
+httpx) each sending 4 concurrent GETs at a time, and a HUP every
+``--hup-every`` seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -131,6 +140,77 @@ def probe(port: int, stop: threading.Event, st: Stats) -> None:
         stop.wait(0.1)
 
 
+class Mixed:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ok = {"stream": 0, "ws_message": 0, "h2": 0}
+        self.failed: dict[str, list[str]] = {"stream": [], "ws_message": [], "h2": []}
+        self.ws_closed_by_recycle = 0
+
+    def add(self, kind: str, why: str | None) -> None:
+        with self.lock:
+            if why is None:
+                self.ok[kind] += 1
+            else:
+                self.failed[kind].append(why[:100])
+
+
+def streamer(port: int, stop: threading.Event, mx: Mixed) -> None:
+    expected = b"".join(f"chunk{i}\n".encode() for i in range(20))
+    while not stop.is_set():
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/stream?n=20&delay=0.05", headers={"Connection": "close"})
+            r = c.getresponse()
+            body = r.read()
+            c.close()
+            mx.add("stream", None if r.status == 200 and body == expected else f"{r.status} {body[:40]!r}")
+        except (OSError, http.client.HTTPException) as e:
+            mx.add("stream", repr(e))
+
+
+def ws_echoer(port: int, stop: threading.Event, mx: Mixed) -> None:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    while not stop.is_set():
+        try:
+            with connect(f"ws://127.0.0.1:{port}/ws", open_timeout=10, close_timeout=5) as ws:
+                while not stop.is_set():
+                    msg = os.urandom(1024)
+                    ws.send(msg)
+                    got = ws.recv(timeout=10)
+                    ok = hashlib.sha256(got).digest() == hashlib.sha256(msg).digest()
+                    mx.add("ws_message", None if ok else "echo differs")
+                    stop.wait(0.02)
+        except ConnectionClosed as e:
+            if e.rcvd is not None and e.rcvd.code in (1001, 1012):
+                with mx.lock:
+                    mx.ws_closed_by_recycle += 1
+            else:
+                mx.add("ws_message", f"closed: {e!r}")
+        except (OSError, TimeoutError) as e:
+            mx.add("ws_message", repr(e))
+
+
+def h2_client(port: int, stop: threading.Event, mx: Mixed) -> None:
+    import concurrent.futures
+
+    import httpx
+
+    with (
+        httpx.Client(http1=False, http2=True, base_url=f"http://127.0.0.1:{port}", timeout=10) as c,
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+    ):
+        while not stop.is_set():
+            for f in [pool.submit(c.get, "/healthz") for _ in range(4)]:
+                try:
+                    r = f.result()
+                    mx.add("h2", None if r.status_code == 200 else str(r.status_code))
+                except httpx.HTTPError as e:
+                    mx.add("h2", repr(e))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-w", "--workers", type=int, default=2)
@@ -140,6 +220,8 @@ def main() -> None:
     ap.add_argument("--graceful-timeout", type=int, default=30)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
+    ap.add_argument("--mixed", action="store_true", help="add streams, WebSockets, HTTP/2 and HUPs")
+    ap.add_argument("--hup-every", type=float, default=30)
     a = ap.parse_args()
 
     port = free_port()
@@ -150,7 +232,8 @@ def main() -> None:
         a.python, "-m", "gunicorn", "-k", "skirr.RustWorker", "-b", f"127.0.0.1:{port}",
         "-w", str(a.workers), "--max-requests", str(a.max_requests),
         "--max-requests-jitter", str(a.jitter), "--graceful-timeout", str(a.graceful_timeout),
-        "apps.probe:app",
+        *(["--http-protocols", "h1,h2", "--http2-cleartext", "prior-knowledge"] if a.mixed else []),
+        "bench.recycle_gap_app:app" if a.mixed else "apps.probe:app",
     ]  # fmt: skip
     master = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     deadline = time.monotonic() + 30
@@ -168,10 +251,19 @@ def main() -> None:
     load += [threading.Thread(target=probe, args=(port, stop, st))]
     slow = [threading.Thread(target=slowloris, args=(port, stop_slow)) for _ in range(10)]
     slow += [threading.Thread(target=non_reader, args=(port, stop_slow)) for _ in range(4)]
+    mx = Mixed()
+    if a.mixed:
+        load += [threading.Thread(target=f, args=(port, stop, mx)) for f in (streamer, ws_echoer, h2_client) * 2]
     for t in load + slow:
         t.daemon = True
         t.start()
-    time.sleep(a.duration)
+    hups = 0
+    end = time.monotonic() + a.duration
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, a.hup_every))
+        if a.mixed and end - time.monotonic() > 1:
+            master.send_signal(signal.SIGHUP)
+            hups += 1
     stop.set()
     for t in load:
         t.join(10)
@@ -198,6 +290,17 @@ def main() -> None:
         "no_worker_accepted_s": round(st.no_accept_s, 1),
         "max_probe_s": round(st.max_probe_s, 2),
         "shutdown_drain_s": round(shutdown_s, 1),
+        **(
+            {
+                "hups": hups,
+                "ok": mx.ok,
+                "failed": {k: len(v) for k, v in mx.failed.items()},
+                "failures": {k: v[:3] for k, v in mx.failed.items() if v},
+                "ws_closed_by_recycle": mx.ws_closed_by_recycle,
+            }
+            if a.mixed
+            else {}
+        ),
         "log": log.name,
     }
     print(json.dumps(out))
