@@ -24,12 +24,12 @@ mod logging;
 #[cfg(feature = "python")]
 mod metrics;
 #[cfg(feature = "python")]
-mod runtime;
-#[cfg(feature = "python")]
 mod server;
 #[cfg(feature = "python")]
 mod websocket;
 pub mod wire;
+#[cfg(feature = "python")]
+mod worker;
 
 // jemalloc keeps each size class in its own slabs: the few long-lived
 // objects of a parked connection do not pin the pages of the 8 KiB hyper

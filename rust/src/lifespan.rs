@@ -21,7 +21,7 @@ use crate::bridge::task::{call_app, Owner};
 use crate::bridge::waiter::Waiter;
 use crate::config::LifespanMode;
 use crate::http::message::{is, message_type};
-use crate::server::Shared;
+use crate::worker::Worker;
 
 /// What the app reported for a lifespan phase.
 #[derive(Debug)]
@@ -240,7 +240,7 @@ pub(crate) fn handle(
 /// Runs `lifespan.startup`. `Ok(true)` if the app completed it, `Ok(false)`
 /// if it does not use lifespan (auto mode), `Err(message)` if startup
 /// failed, timed out, or is unsupported in `on` mode.
-pub(crate) async fn startup(shared: &Shared) -> Result<bool, String> {
+pub(crate) async fn startup(shared: &Worker) -> Result<bool, String> {
     let cfg = &shared.config;
     if cfg.lifespan == LifespanMode::Off {
         return Ok(false);
@@ -270,7 +270,7 @@ pub(crate) async fn startup(shared: &Shared) -> Result<bool, String> {
 }
 
 /// Runs `lifespan.shutdown`, bounded by `lifespan_timeout`; logs failures.
-pub(crate) async fn shutdown(shared: &Shared) {
+pub(crate) async fn shutdown(shared: &Worker) {
     let (tx, rx) = oneshot::channel();
     shared
         .queue

@@ -14,11 +14,11 @@ use pyo3::types::{PyBytes, PyDict, PyString};
 use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
-use crate::server::Shared;
+use crate::worker::Worker;
 
 /// Python-side server context.
 pub(crate) struct AppContext {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Worker>,
     /// The ASGI 3 application (ASGI 2 apps are wrapped on the Python side).
     pub(crate) app: Py<PyAny>,
     /// The asyncio loop the apps run on.
@@ -83,7 +83,7 @@ pub(crate) struct PyParts {
 }
 
 impl AppContext {
-    pub(crate) fn new(py: Python<'_>, shared: Arc<Shared>, p: PyParts) -> PyResult<Self> {
+    pub(crate) fn new(py: Python<'_>, shared: Arc<Worker>, p: PyParts) -> PyResult<Self> {
         let n = names(py);
         let lp = p.event_loop.bind(py);
         let asgi_http = PyDict::new(py);

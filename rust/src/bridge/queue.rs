@@ -17,7 +17,6 @@ use parking_lot::Mutex;
 use crate::http::exchange::Exchange;
 use crate::http::service::HttpRequest;
 use crate::lifespan::LifespanCommand;
-use crate::logging::LogRecord;
 use crate::websocket::service::WsRequest;
 use crate::websocket::shared::WsShared;
 
@@ -28,6 +27,13 @@ const MAX_PENDING_LOGS: usize = 1024;
 /// In batching mode, a queue this long is announced at once instead of at
 /// the runtime's next park: it bounds the wait of the first event.
 const FLUSH_AT: usize = 64;
+
+/// One log line for Python's `logging`.
+pub(crate) struct LogRecord {
+    /// A `logging` level: 10 DEBUG, 20 INFO, 30 WARNING, 40 ERROR.
+    pub(crate) level: u8,
+    pub(crate) message: String,
+}
 
 /// Work for the asyncio thread.
 pub(crate) enum Event {
@@ -51,7 +57,7 @@ pub(crate) enum Event {
     ReopenLogs,
     /// A signal the app registered with `loop.add_signal_handler` arrived
     /// (at most one per signal number in the queue: see
-    /// [`Shared::signal_arrived`](crate::server::Shared::signal_arrived)).
+    /// [`Worker::signal_arrived`](crate::worker::Worker::signal_arrived)).
     Signal(i32),
 }
 

@@ -28,15 +28,15 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::task::TaskTracker;
 
 use crate::http::activity::{clock_ms, deadline_at, Activity, Timeouts, Verdict};
 use crate::http::interim::InterimSlot;
 use crate::http::io::{ConnIo, Readiness};
 use crate::http::service;
-use crate::server::connections::{Member, Order};
-use crate::server::tls::TlsInfo;
-use crate::server::Shared;
 use crate::websocket::shared::WsShared;
+use crate::worker::connections::{Member, Order};
+use crate::worker::Worker;
 
 /// An idle keep-alive connection is parked after this long.
 pub(crate) const PARK_AFTER: Duration = Duration::from_millis(250);
@@ -93,16 +93,84 @@ pub(crate) enum LocalAddr {
     Unix(String),
 }
 
+/// hyper's connection builders, configured once per worker from the
+/// configuration: the drivers' own, not the worker state's.
+pub(crate) struct Builders {
+    /// hyper's HTTP/1 connection builder.
+    pub(crate) http1: hyper::server::conn::http1::Builder,
+    /// hyper's HTTP/2 connection builder, when HTTP/2 is enabled.
+    pub(crate) http2: Option<hyper::server::conn::http2::Builder<crate::http::h2conn::StreamExec>>,
+}
+
+impl Builders {
+    /// Builds both from `config`; HTTP/2 streams are tracked by `tracker`.
+    pub(crate) fn new(config: &crate::config::Config, tracker: TaskTracker) -> Self {
+        let mut h1 = hyper::server::conn::http1::Builder::new();
+        h1.timer(hyper_util::rt::TokioTimer::new())
+            // Skirr runs its own idle and head-read timers (see http::conn).
+            .header_read_timeout(None)
+            // hyper's own `half_close` stops it from noticing a client
+            // that leaves mid-request; Skirr keeps hyper's detection and
+            // hides only an end of stream after a complete request
+            // (`ConnIo::poll_read`), so a half-closed client still gets its
+            // response (RFC 9112 §9.6).
+            .keep_alive(true);
+        if config.max_head_size > 0 {
+            // hyper stops buffering an incomplete head at `max_buf_size`
+            // (its floor is 8 KiB) and checks a complete one against
+            // `max_header_size`: both answer 431.
+            h1.max_header_size(config.max_head_size)
+                .max_buf_size(config.max_head_size.max(8192));
+        }
+        if config.limit_request_fields != 100 {
+            // 100 is hyper's default, kept on the stack; any other count
+            // costs a heap buffer per request.
+            let n = match config.limit_request_fields {
+                0 => 32768,
+                n => n,
+            };
+            h1.max_headers(n);
+        }
+        let h2 = config
+            .http2
+            .as_ref()
+            .map(|h| crate::http::h2conn::builder(h, config, tracker));
+        Builders {
+            http1: h1,
+            http2: h2,
+        }
+    }
+}
+
+/// The `tls` extension's per-connection facts.
+#[derive(Debug, Clone)]
+pub struct TlsInfo {
+    /// e.g. `0x0304` for TLS 1.3.
+    pub version: u16,
+    /// The negotiated suite's IANA number.
+    pub cipher_suite: u16,
+    /// The client's certificate chain as PEM, leaf first (empty without
+    /// client authentication).
+    pub client_cert_chain: Vec<String>,
+    /// The leaf's subject as an RFC 4514 string (`None` without a client
+    /// certificate).
+    pub client_cert_name: Option<String>,
+    /// ALPN selected `h2`.
+    pub h2: bool,
+}
+
 /// Per-listener data shared by its connections.
 pub(crate) struct ListenerInfo {
     pub(crate) local: LocalAddr,
+    /// The drivers' builders (one set per worker).
+    pub(crate) builders: Arc<Builders>,
     /// `scope["server"]`, built once on the asyncio thread.
     pub(crate) py_server: OnceLock<Py<PyAny>>,
 }
 
 /// Per-connection data shared by its requests.
 pub(crate) struct ConnCtx {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Worker>,
     pub(crate) listener: Arc<ListenerInfo>,
     /// The peer; `None` for Unix sockets.
     pub(crate) peer: Option<SocketAddr>,
@@ -201,7 +269,7 @@ async fn wants_h2<I: AsyncRead + Unpin>(io: &mut ConnIo<I>, ctx: &ConnCtx) -> bo
 pub(crate) struct BusyGuard(
     Arc<ConnCtx>,
     Option<crate::metrics::RequestMeter>,
-    Option<crate::server::concurrency::Slot>,
+    Option<crate::worker::concurrency::Slot>,
 );
 
 impl BusyGuard {
@@ -217,7 +285,7 @@ impl BusyGuard {
     }
 
     /// Keeps `slot` until the response is written (or dropped).
-    pub(crate) fn hold(&mut self, slot: Option<crate::server::concurrency::Slot>) {
+    pub(crate) fn hold(&mut self, slot: Option<crate::worker::concurrency::Slot>) {
         self.2 = slot;
     }
 
@@ -324,10 +392,10 @@ async fn wait_readable<I: Readiness>(
 }
 
 /// Serves one connection until it closes, times out, or the server orders
-/// it to stop (see [`Connections::order_all`](crate::server::connections::Connections::order_all)).
+/// it to stop (see [`Connections::order_all`](crate::worker::connections::Connections::order_all)).
 pub(crate) async fn serve<I>(
     io: I,
-    shared: Arc<Shared>,
+    shared: Arc<Worker>,
     listener: Arc<ListenerInfo>,
     peer: Option<SocketAddr>,
     permit: Option<OwnedSemaphorePermit>,
@@ -374,7 +442,7 @@ pub(crate) async fn serve<I>(
             break reason;
         }
         if std::mem::take(&mut first) && wants_h2(&mut io, &ctx).await {
-            if let Some(h2) = &shared.http2 {
+            if let Some(h2) = &ctx.listener.builders.http2 {
                 io.scan = None;
                 let _open = shared.metrics.connection(crate::metrics::Proto::Http2);
                 io.stop_line_scan();
@@ -384,7 +452,12 @@ pub(crate) async fn serve<I>(
         open.get_or_insert_with(|| shared.metrics.connection(crate::metrics::Proto::Http1));
         // Boxed, like the WebSocket driver below: a parked connection's task
         // then holds only a pointer where an active one holds hyper's state.
-        let mut conn = Box::new(shared.http1.serve_connection(TokioIo::new(io), svc));
+        let mut conn = Box::new(
+            ctx.listener
+                .builders
+                .http1
+                .serve_connection(TokioIo::new(io), svc),
+        );
         let stopped = Box::pin(drive(&mut conn, &ctx, &member)).await;
         let parts = conn.into_parts();
         io = parts.io.into_inner();

@@ -55,7 +55,7 @@ use crate::http::exchange::Aborted;
 use crate::http::h2io::{self, H2Io};
 use crate::http::io::{ConnIo, Readiness};
 use crate::http::service;
-use crate::server::connections::{Member, Order};
+use crate::worker::connections::{Member, Order};
 
 /// The connection preface of HTTP/2 (RFC 9113 §3.4).
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -100,7 +100,7 @@ where
 const SEND_PIECE: usize = 16 * 1024;
 
 /// Whether a stream's response is stalled on the client, for
-/// `send_timeout`. Shared by the stream's body (which sees hyper take
+/// `send_timeout`. Worker by the stream's body (which sees hyper take
 /// data) and its task's wrapper ([`Watched`], which acts).
 struct SendWatch {
     /// Since when hyper holds a piece of the body it has not sent on

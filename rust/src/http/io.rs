@@ -137,7 +137,7 @@ impl<I> ConnIo<I> {
         if limit == 0 {
             return false;
         }
-        // hyper's buffer (see `Shared::new`); 400 KiB is its default.
+        // hyper's buffer (see `Worker::new`); 400 KiB is its default.
         let buffer = if cfg.max_head_size > 0 {
             cfg.max_head_size.max(8192)
         } else {

@@ -10,7 +10,6 @@
 //! `send` → [`message`] validates what it sends → [`exchange`] carries it
 //! back → [`body`] feeds it to hyper, which writes the wire.
 
-pub(crate) mod accept;
 pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod compress;

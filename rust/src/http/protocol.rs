@@ -21,8 +21,8 @@ use crate::errors::ClientDisconnected;
 use crate::http::exchange::{BodyOut, ExchState, Exchange, Out, ResponseHead, TrailersWanted};
 use crate::http::message::{parse_http_send, HttpSend};
 use crate::http::zerocopy;
-use crate::server::Shared;
 use crate::wire::response::{declared_length, status_allows_body};
+use crate::worker::Worker;
 
 /// Where the app is in its response.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -106,7 +106,7 @@ fn next_message<'py>(
     py: Python<'py>,
     exch: &Exchange,
     ex: &mut ExchState,
-    shared: &Shared,
+    shared: &Worker,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let cfg = &shared.config;
     if ex.gone {

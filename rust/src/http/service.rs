@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header::EXPECT;
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use hyper::body::Incoming;
 
@@ -26,8 +26,8 @@ use crate::http::compress;
 use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Awaited, BodyOut, Exchange};
 use crate::http::interim;
-use crate::server::Shared;
 use crate::wire::request::{check_head, FIELD_TOO_LARGE};
+use crate::worker::Worker;
 
 /// A request on its way to the application.
 pub(crate) struct HttpRequest {
@@ -44,7 +44,7 @@ pub(crate) struct HttpRequest {
 /// disconnects mid-request).
 struct GoneGuard<'a> {
     exch: &'a Arc<Exchange>,
-    shared: &'a Shared,
+    shared: &'a Worker,
     armed: bool,
 }
 
@@ -296,7 +296,7 @@ fn refuse_stalled(
     received: Option<Instant>,
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
-    use crate::server::watchdog::{mark_refusal, REASON};
+    use crate::worker::watchdog::{mark_refusal, REASON};
     conn.shared
         .metrics
         .refused(crate::metrics::Limit::LoopStall);
@@ -320,7 +320,7 @@ pub(crate) async fn handle(
     let shared = &*conn.shared;
     if shared.health.enabled() {
         if shared.health.matches(req.method(), req.uri().path()) {
-            return Ok(crate::server::health::Health::respond(shared, busy));
+            return Ok(health_response(shared, busy));
         }
         // Accepted during lifespan startup (for the health path): the
         // request waits for startup as it would in the backlog.
@@ -460,10 +460,10 @@ pub(crate) async fn handle(
                 &conn,
                 received,
                 StatusCode::SERVICE_UNAVAILABLE,
-                crate::server::concurrency::REASON,
+                crate::worker::concurrency::REASON,
                 busy,
             );
-            crate::server::watchdog::retry_after(resp.headers_mut());
+            crate::worker::watchdog::retry_after(resp.headers_mut());
             return Ok(resp);
         }
     }
@@ -604,6 +604,42 @@ fn server_timing(headers: &mut http::HeaderMap, app: Option<Instant>, received: 
     };
     if let Ok(v) = http::HeaderValue::from_str(&value) {
         headers.append(http::header::HeaderName::from_static("server-timing"), v);
+    }
+}
+
+/// The health path's answer (see [`health`](crate::worker::health)).
+fn health_response(shared: &Worker, busy: BusyGuard) -> Response<ResponseBody> {
+    let (status, body) = shared.health.answer(shared.watchdog.is_stalled());
+    let mut resp = Response::new(ResponseBody::full(Bytes::from_static(body), busy));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
+/// Answers `503` to every request the loop has not handed to the app (the
+/// loop watchdog's refusal, see [`watchdog`](crate::worker::watchdog)).
+pub(crate) fn refuse_queued(shared: &Worker) {
+    use crate::worker::watchdog::REASON;
+    let mut refused = Vec::new();
+    shared.queue.take_unstarted(&mut refused);
+    for req in refused {
+        shared.metrics.refused(crate::metrics::Limit::LoopStall);
+        req.exch
+            .reject(StatusCode::SERVICE_UNAVAILABLE, REASON, shared);
+        if shared.config.access_log && shared.watchdog.may_log_refusal() {
+            // Logged when the loop runs again (or lost with the worker).
+            shared
+                .queue
+                .push(Event::Access(req, 503, REASON.len() as u64));
+        }
     }
 }
 

@@ -17,7 +17,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use crate::server::Shared;
+use crate::worker::Worker;
 
 /// How often a full worker looks at its backlog.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
@@ -41,7 +41,7 @@ fn has_waiting(fd: RawFd) -> bool {
 
 /// Runs while the accept loop waits for a free slot (never returns; the
 /// loop drops it when a slot frees): see the module docs.
-pub(crate) async fn while_full(shared: &Shared, listener: &impl AsRawFd) {
+pub(crate) async fn while_full(shared: &Worker, listener: &impl AsRawFd) {
     let fd = listener.as_raw_fd();
     loop {
         tokio::time::sleep(TICK).await;

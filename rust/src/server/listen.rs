@@ -13,10 +13,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::http::accept;
-use crate::http::conn::{self, ListenerInfo, LocalAddr};
-use crate::server::watchdog::Gate;
-use crate::server::{admission, Shared};
+use crate::http::conn::{self, Builders, ListenerInfo, LocalAddr};
+use crate::server::accept;
+use crate::server::admission;
+use crate::worker::watchdog::Gate;
+use crate::worker::Worker;
 
 /// A listening socket before the runtime exists.
 pub(crate) enum StdListener {
@@ -72,6 +73,8 @@ impl StdListener {
 pub(crate) struct ConnControl {
     pub(crate) tracker: TaskTracker,
     pub(crate) limit: Option<Arc<Semaphore>>,
+    /// The drivers' hyper builders.
+    pub(crate) builders: Arc<Builders>,
 }
 
 fn is_fd_exhaustion(e: &io::Error) -> bool {
@@ -88,12 +91,13 @@ fn is_fd_exhaustion(e: &io::Error) -> bool {
 /// pauses (logged once per episode); existing connections are unaffected.
 pub(crate) async fn accept_loop(
     listener: StdListener,
-    shared: Arc<Shared>,
+    shared: Arc<Worker>,
     control: ConnControl,
     stop: CancellationToken,
 ) -> io::Result<()> {
     let info = Arc::new(ListenerInfo {
         local: listener.local()?,
+        builders: Arc::clone(&control.builders),
         py_server: OnceLock::new(),
     });
     enum L {

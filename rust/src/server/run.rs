@@ -12,10 +12,11 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::bridge::queue::Event;
+use crate::http::conn::Builders;
 use crate::lifespan;
-use crate::server::connections::Order;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
-use crate::server::{signals, Shared, Stop};
+use crate::worker::connections::Order;
+use crate::worker::{signals, Stop, Worker};
 
 /// Why serving ended in error.
 #[derive(Debug)]
@@ -83,8 +84,8 @@ async fn next_quick(rx: &mut watch::Receiver<Option<Stop>>) {
 /// quick. SIGUSR1: reopen log files. SIGABRT (Gunicorn's timeout): the
 /// signal hook, then exit 1. INT, QUIT and ABRT run the signal hook first.
 /// Signals the app registers later are forwarded to the loop (see
-/// [`signals`](crate::server::signals)).
-fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
+/// [`signals`](crate::worker::signals)).
+fn watch_signals(shared: Arc<Worker>) -> io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut quit = signal(SignalKind::quit())?;
@@ -127,7 +128,7 @@ fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
     Ok(())
 }
 
-fn watch_parent(shared: Arc<Shared>, ppid: u32) {
+fn watch_parent(shared: Arc<Worker>, ppid: u32) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(PARENT_CHECK);
         loop {
@@ -143,7 +144,7 @@ fn watch_parent(shared: Arc<Shared>, ppid: u32) {
 
 fn spawn_acceptors(
     listeners: Option<Vec<StdListener>>,
-    shared: &Arc<Shared>,
+    shared: &Arc<Worker>,
     control: &ConnControl,
     stop: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<io::Result<()>>> {
@@ -166,7 +167,7 @@ fn spawn_acceptors(
 /// balancer sees it fail before its connections start closing. A quick
 /// stop cuts it short. Returns the time spent.
 async fn drain_delay(
-    shared: &Shared,
+    shared: &Worker,
     stop: Stop,
     stop_rx: &mut watch::Receiver<Option<Stop>>,
 ) -> Duration {
@@ -184,7 +185,7 @@ async fn drain_delay(
 }
 
 /// Serves until a stop is requested; see the module docs.
-pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+pub(crate) async fn run(shared: Arc<Worker>, listeners: Vec<StdListener>) -> Result<(), RunError> {
     tokio::spawn(Arc::clone(&shared.wakeups).dispatch());
     watch_signals(Arc::clone(&shared))?;
     if let Some(fd) = shared.config.metrics_fd {
@@ -203,6 +204,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     let control = ConnControl {
         tracker: shared.tracker.clone(),
         limit: (cfg.max_connections > 0).then(|| Arc::new(Semaphore::new(cfg.max_connections))),
+        builders: Arc::new(Builders::new(cfg, shared.tracker.clone())),
     };
     let stop_accept = CancellationToken::new();
     let mut acceptors = Vec::new();
@@ -230,14 +232,17 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     };
     shared.health.serving();
     shared.ready_hook();
-    tokio::spawn(crate::server::watchdog::Watchdog::run(Arc::clone(&shared)));
+    tokio::spawn(crate::worker::watchdog::Watchdog::run(
+        Arc::clone(&shared),
+        crate::http::service::refuse_queued,
+    ));
     acceptors.extend(spawn_acceptors(
         listeners.take(),
         &shared,
         &control,
         &stop_accept,
     ));
-    crate::server::recycle::spawn(&shared);
+    crate::worker::recycle::spawn(&shared);
 
     let stop = next_stop(&mut stop_rx).await;
     tracing::debug!("stopping: {stop:?}");

@@ -19,8 +19,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::server::connections::Order;
-use crate::server::Shared;
+use crate::http::conn::TlsInfo;
+use crate::worker::connections::Order;
+use crate::worker::Worker;
 
 /// Whether clients must present a certificate (Python's `ssl.CERT_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,23 +52,6 @@ pub struct TlsSettings {
     /// ALPN protocols offered, in order of preference (rustls picks the
     /// first the client also offers).
     pub alpn: Vec<Vec<u8>>,
-}
-
-/// The `tls` extension's per-connection facts.
-#[derive(Debug, Clone)]
-pub struct TlsInfo {
-    /// e.g. `0x0304` for TLS 1.3.
-    pub version: u16,
-    /// The negotiated suite's IANA number.
-    pub cipher_suite: u16,
-    /// The client's certificate chain as PEM, leaf first (empty without
-    /// client authentication).
-    pub client_cert_chain: Vec<String>,
-    /// The leaf's subject as an RFC 4514 string (`None` without a client
-    /// certificate).
-    pub client_cert_name: Option<String>,
-    /// ALPN selected `h2`.
-    pub h2: bool,
 }
 
 /// OpenSSL's names for the suites rustls implements.
@@ -248,7 +232,7 @@ pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
 pub(crate) async fn handshake<IO>(
     acceptor: &TlsAcceptor,
     io: IO,
-    shared: &Shared,
+    shared: &Worker,
     peer: SocketAddr,
 ) -> Option<TlsStream<IO>>
 where

@@ -32,8 +32,8 @@ use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tungstenite::{Error, Message};
 
 use crate::http::conn::ConnCtx;
-use crate::server::connections::{Member, Order};
 use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
+use crate::worker::connections::{Member, Order};
 
 /// The socket after the 101, with any bytes hyper had read ahead replayed.
 trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}

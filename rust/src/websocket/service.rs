@@ -20,9 +20,9 @@ use crate::http::body::ResponseBody;
 use crate::http::conn::{BusyGuard, ConnCtx};
 use crate::http::exchange::{BodyOut, Exchange};
 use crate::http::service::HttpRequest;
-use crate::server::Shared;
 use crate::websocket::handshake;
 use crate::websocket::shared::{Decision, WsShared, ABNORMAL};
+use crate::worker::Worker;
 
 /// A handshake on its way to the application.
 pub(crate) struct WsRequest {
@@ -37,7 +37,7 @@ pub(crate) struct WsRequest {
 /// (hyper drops it when the client disconnects).
 struct LeftGuard<'a> {
     ws: &'a Arc<WsShared>,
-    shared: &'a Shared,
+    shared: &'a Worker,
     armed: bool,
 }
 

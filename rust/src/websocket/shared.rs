@@ -24,7 +24,7 @@ use tungstenite::Message;
 use crate::bridge::queue::Event;
 use crate::config::Config;
 use crate::http::exchange::ResponseHead;
-use crate::server::Shared;
+use crate::worker::Worker;
 
 /// Most `receive()` (and, separately, `send()`) calls that may wait on one
 /// WebSocket at once; one more raises `RuntimeError`. Cancelled calls do
@@ -93,7 +93,7 @@ pub(crate) struct WsState {
     pub(crate) notify_idle: bool,
 }
 
-/// Shared per-WebSocket state.
+/// Worker per-WebSocket state.
 #[derive(Default)]
 pub(crate) struct WsShared {
     st: Mutex<WsState>,
@@ -106,7 +106,7 @@ impl WsShared {
     }
 
     /// Asks the asyncio thread to look at this socket's waiters.
-    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Shared) {
+    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Worker) {
         if !self.queued.swap(true, Ordering::AcqRel) {
             shared.queue.push(Event::WsWake(Arc::clone(self)));
         }
@@ -127,7 +127,7 @@ impl WsShared {
     }
 
     /// Tokio side: the connection ended with `(code, reason)`; wake the app.
-    pub(crate) fn close(self: &Arc<Self>, code: u16, reason: String, shared: &Shared) {
+    pub(crate) fn close(self: &Arc<Self>, code: u16, reason: String, shared: &Worker) {
         let mut st = self.st.lock();
         if st.closed.is_some() {
             return;
@@ -141,7 +141,7 @@ impl WsShared {
     }
 
     /// Python side: hands the decision to the Tokio side.
-    pub(crate) fn decide(&self, decision: Decision, shared: &Shared) {
+    pub(crate) fn decide(&self, decision: Decision, shared: &Worker) {
         let mut st = self.st.lock();
         st.decision = Some(decision);
         wake_tokio(&mut st, shared);
@@ -194,7 +194,7 @@ pub(crate) fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {
 }
 
 /// Python side: wakes the Tokio task waiting on this socket (batched).
-pub(crate) fn wake_tokio(st: &mut WsState, shared: &Shared) {
+pub(crate) fn wake_tokio(st: &mut WsState, shared: &Worker) {
     if let Some(w) = st.tokio_waker.take() {
         shared.wakeups.wake(w);
     }

@@ -28,12 +28,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue};
 use tokio::sync::watch;
 
-use crate::bridge::queue::Event;
-use crate::http::activity::clock_ms;
-use crate::server::Shared;
+use crate::worker::clock::clock_ms;
+use crate::worker::Worker;
 
 /// The body of the watchdog's `503` (one line, as the server's other
 /// answers).
@@ -117,7 +116,8 @@ impl Watchdog {
     }
 
     /// Checks the loop until the runtime stops: see the module docs.
-    pub(crate) async fn run(shared: Arc<Shared>) {
+    /// `refuse` answers the requests queued for a stalled loop.
+    pub(crate) async fn run(shared: Arc<Worker>, refuse: fn(&Worker)) {
         let w = &shared.watchdog;
         if !w.enabled() {
             return;
@@ -139,7 +139,7 @@ impl Watchdog {
                     );
                 }
                 // Again at every check: requests queued since the last.
-                refuse_queued(&shared);
+                refuse(&shared);
             } else {
                 if w.stalled.swap(false, Ordering::SeqCst) {
                     w.state.send_replace(false);
@@ -185,23 +185,6 @@ impl Watchdog {
     }
 }
 
-/// Answers `503` to every request the loop has not handed to the app.
-fn refuse_queued(shared: &Shared) {
-    let mut refused = Vec::new();
-    shared.queue.take_unstarted(&mut refused);
-    for req in refused {
-        shared.metrics.refused(crate::metrics::Limit::LoopStall);
-        req.exch
-            .reject(StatusCode::SERVICE_UNAVAILABLE, REASON, shared);
-        if shared.config.access_log && shared.watchdog.may_log_refusal() {
-            // Logged when the loop runs again (or lost with the worker).
-            shared
-                .queue
-                .push(Event::Access(req, 503, REASON.len() as u64));
-        }
-    }
-}
-
 /// Adds `Retry-After` to the server's own answer when it is the
 /// watchdog's.
 pub(crate) fn mark_refusal(reason: &str, headers: &mut HeaderMap) {
@@ -227,7 +210,7 @@ pub(crate) struct Gate {
 impl Gate {
     /// The gate of one listening socket: shut while stalled unless the
     /// socket is this worker's own (`SO_REUSEPORT`), or the watchdog is off.
-    pub(crate) fn new(shared: &Shared, fd: std::os::fd::BorrowedFd<'_>) -> Self {
+    pub(crate) fn new(shared: &Worker, fd: std::os::fd::BorrowedFd<'_>) -> Self {
         let own = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::ReusePort)
             .unwrap_or(false);
         Gate {

@@ -13,8 +13,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::http::conn::{serve, ListenerInfo};
 use crate::server::tls;
-use crate::server::Shared;
 use crate::wire::proxy_protocol::{self, Parsed, MAX_HEADER};
+use crate::worker::Worker;
 
 /// Reads a PROXY protocol header without reading past it (the bytes after
 /// it belong to TLS or HTTP): peek until the header is complete, then
@@ -53,7 +53,7 @@ async fn read_proxy_header(
 /// configured, then HTTP ([`serve`]).
 pub(crate) async fn serve_tcp(
     mut tcp: TcpStream,
-    shared: Arc<Shared>,
+    shared: Arc<Worker>,
     listener: Arc<ListenerInfo>,
     mut peer: SocketAddr,
     permit: Option<OwnedSemaphorePermit>,
