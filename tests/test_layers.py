@@ -218,11 +218,7 @@ def test_no_folder_cycle_beyond_the_known_debts():
     cycles = [c for c in sccs(sorted(pruned), pruned) if len(c) > 1]
     assert not cycles, f"folder cycles: {cycles}"
     if not KNOWN_UPWARD:
-        circles = [
-            sorted(map(str, c))
-            for c in sccs(sorted(edges), edges)
-            if len({top(f) for f in c}) > 1
-        ]
+        circles = [sorted(map(str, c)) for c in sccs(sorted(edges), edges) if len({top(f) for f in c}) > 1]
         assert not circles, f"circles of files across folders: {circles}"
 
 
