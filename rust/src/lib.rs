@@ -10,6 +10,8 @@
 //! module built without the `python` feature (for the fuzz targets).
 
 #[cfg(feature = "python")]
+mod asgi;
+#[cfg(feature = "python")]
 mod bridge;
 #[cfg(feature = "python")]
 pub mod config;
@@ -17,8 +19,6 @@ pub mod config;
 mod errors;
 #[cfg(feature = "python")]
 mod http;
-#[cfg(feature = "python")]
-mod lifespan;
 #[cfg(feature = "python")]
 mod logging;
 #[cfg(feature = "python")]

@@ -30,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
+use crate::asgi::context::AppContext;
 use crate::http::activity::{clock_ms, deadline_at, Activity, Timeouts, Verdict};
 use crate::http::interim::InterimSlot;
 use crate::http::io::{ConnIo, Readiness};
@@ -164,6 +165,8 @@ pub(crate) struct ListenerInfo {
     pub(crate) local: LocalAddr,
     /// The drivers' builders (one set per worker).
     pub(crate) builders: Arc<Builders>,
+    /// The application context the connections' requests run in.
+    pub(crate) app: Arc<AppContext>,
     /// `scope["server"]`, built once on the asyncio thread.
     pub(crate) py_server: OnceLock<Py<PyAny>>,
 }

@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -27,9 +27,9 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::asgi::context::AppContext;
+use crate::bridge::queue::{Event, Wake};
 use crate::bridge::waiter::Waiter;
-
-use crate::bridge::queue::Event;
 use crate::http::zerocopy::FileSegment;
 use crate::worker::Worker;
 
@@ -239,6 +239,21 @@ pub(crate) struct Exchange {
     st: Mutex<ExchState>,
     /// Already queued for the asyncio thread's attention.
     queued: AtomicBool,
+    /// The application context its wakes run in (see [`Exchange::attach`]);
+    /// unset for an exchange no app sees (an answer the server made).
+    app: OnceLock<Arc<AppContext>>,
+}
+
+impl Wake for Exchange {
+    fn unqueue(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    fn wake(self: Arc<Self>, py: Python<'_>) {
+        if let Some(ctx) = self.app.get() {
+            crate::http::protocol::on_wake(py, ctx, &self);
+        }
+    }
 }
 
 impl Exchange {
@@ -265,13 +280,16 @@ impl Exchange {
     /// is already queued.
     pub(crate) fn needs_python(self: &Arc<Self>, shared: &Worker) {
         if !self.queued.swap(true, Ordering::AcqRel) {
-            shared.queue.push(Event::Wake(Arc::clone(self)));
+            shared
+                .queue
+                .push(Event::Wake(Arc::clone(self) as Arc<dyn Wake>));
         }
     }
 
-    /// Called by the asyncio thread when it takes a `Wake` event.
-    pub(crate) fn unqueue(&self) {
-        self.queued.store(false, Ordering::Release);
+    /// Ties the exchange to the application context its wakes run in (once,
+    /// before its request is queued).
+    pub(crate) fn attach(&self, app: &Arc<AppContext>) {
+        let _ = self.app.set(Arc::clone(app));
     }
 
     // ------------------------------------------------------------ Tokio side

@@ -30,8 +30,9 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use crate::bridge::context::AppContext;
+use crate::asgi::context::AppContext;
 use crate::bridge::owner::Owner;
+use crate::bridge::queue::{Event, Job};
 use crate::bridge::start::call_app;
 use crate::http::protocol::HttpProtocol;
 use crate::http::service::HttpRequest;
@@ -82,7 +83,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;
         let send = b.getattr(pyo3::intern!(py, "send"))?;
         let coro = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])?;
-        crate::bridge::start::start(py, ctx, coro, Owner::Http(proto.clone_ref(py)))
+        crate::bridge::start::start(py, &ctx.loop_ctx, coro, Owner::new(proto.clone_ref(py)))
     };
     if let Err(e) = run() {
         proto.get().on_error(py, e);
@@ -112,7 +113,29 @@ pub(crate) fn log_rejected(
     }
 }
 
-/// Handles a `Wake` event for an exchange (on the asyncio thread).
-pub(crate) fn wake(py: Python<'_>, ctx: &AppContext, exch: &exchange::Exchange) {
-    protocol::on_wake(py, ctx, exch);
+impl Job for HttpRequest {
+    fn run(self: Box<Self>, py: Python<'_>) {
+        let ctx = Arc::clone(&self.conn.listener.app);
+        match self.rejected {
+            Some((status, bytes)) => log_rejected(py, &ctx, &self, status, bytes),
+            None => start(py, &ctx, self),
+        }
+    }
+
+    fn refusable(&self) -> bool {
+        self.rejected.is_none()
+    }
+
+    fn refuse(mut self: Box<Self>) {
+        use crate::worker::watchdog::REASON;
+        let shared = Arc::clone(&self.conn.shared);
+        shared.metrics.refused(crate::metrics::Limit::LoopStall);
+        self.exch
+            .reject(http::StatusCode::SERVICE_UNAVAILABLE, REASON, &shared);
+        if shared.config.access_log && shared.watchdog.may_log_refusal() {
+            // Logged when the loop runs again (or lost with the worker).
+            self.rejected = Some((503, REASON.len() as u64));
+            shared.queue.push(Event::Run(self));
+        }
+    }
 }

@@ -14,8 +14,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::asgi::context::AppContext;
 use crate::bridge::awaitable::ready;
-use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
+use crate::bridge::context::{fail_disconnected, is_done, resolve};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
 use crate::http::exchange::{BodyOut, ExchState, Exchange, Out, ResponseHead, TrailersWanted};
@@ -822,5 +823,23 @@ impl HttpProtocol {
                 Ok(sent)
             }
         }
+    }
+}
+
+impl crate::bridge::owner::TaskOwner for HttpProtocol {
+    fn on_suspend(&self, py: Python<'_>) {
+        HttpProtocol::on_suspend(self, py);
+    }
+
+    fn on_return(&self, py: Python<'_>) {
+        HttpProtocol::on_return(self, py);
+    }
+
+    fn on_error(&self, py: Python<'_>, err: PyErr) {
+        HttpProtocol::on_error(self, py, err);
+    }
+
+    fn on_cancel(&self, py: Python<'_>) {
+        HttpProtocol::on_cancel(self, py);
     }
 }

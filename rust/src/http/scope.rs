@@ -10,7 +10,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-use crate::bridge::context::AppContext;
+use crate::asgi::context::AppContext;
 use crate::bridge::names::{names, Names};
 use crate::http::conn::{ConnCtx, LocalAddr};
 use crate::http::service::HttpRequest;

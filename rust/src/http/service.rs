@@ -37,6 +37,9 @@ pub(crate) struct HttpRequest {
     /// When the head was parsed (for the access log's duration); only
     /// read from the clock when access logging is on.
     pub(crate) received: Option<Instant>,
+    /// The server answered it before the app saw it (status, body bytes):
+    /// the job is only its access-log line.
+    pub(crate) rejected: Option<(u16, u64)>,
 }
 
 /// Marks the exchange gone if the service future is dropped before the
@@ -270,16 +273,13 @@ fn answer(
 ) -> Response<ResponseBody> {
     conn.shared.metrics.refused_answer(status, reason);
     if conn.shared.config.access_log {
-        conn.shared.queue.push(Event::Access(
-            Box::new(HttpRequest {
-                parts,
-                exch: Arc::new(Exchange::default()),
-                conn: Arc::clone(conn),
-                received,
-            }),
-            status.as_u16(),
-            reason.len() as u64,
-        ));
+        conn.shared.queue.push(Event::Run(Box::new(HttpRequest {
+            parts,
+            exch: Arc::new(Exchange::default()),
+            conn: Arc::clone(conn),
+            received,
+            rejected: Some((status.as_u16(), reason.len() as u64)),
+        })));
     }
     let mut resp = ResponseBody::plain(status, reason, busy);
     if conn.shared.config.server_timing {
@@ -472,11 +472,13 @@ pub(crate) async fn handle(
         shared,
         armed: true,
     };
-    shared.queue.push(Event::Http(Box::new(HttpRequest {
+    exch.attach(&conn.listener.app);
+    shared.queue.push(Event::Run(Box::new(HttpRequest {
         parts,
         exch: Arc::clone(&exch),
         conn: Arc::clone(&conn),
         received,
+        rejected: None,
     })));
     // Where this request's interim responses end in the connection's
     // interim bytes (0: none queued).
@@ -622,25 +624,6 @@ fn health_response(shared: &Worker, busy: BusyGuard) -> Response<ResponseBody> {
         HeaderValue::from_static("no-store"),
     );
     resp
-}
-
-/// Answers `503` to every request the loop has not handed to the app (the
-/// loop watchdog's refusal, see [`watchdog`](crate::worker::watchdog)).
-pub(crate) fn refuse_queued(shared: &Worker) {
-    use crate::worker::watchdog::REASON;
-    let mut refused = Vec::new();
-    shared.queue.take_unstarted(&mut refused);
-    for req in refused {
-        shared.metrics.refused(crate::metrics::Limit::LoopStall);
-        req.exch
-            .reject(StatusCode::SERVICE_UNAVAILABLE, REASON, shared);
-        if shared.config.access_log && shared.watchdog.may_log_refusal() {
-            // Logged when the loop runs again (or lost with the worker).
-            shared
-                .queue
-                .push(Event::Access(req, 503, REASON.len() as u64));
-        }
-    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::asgi::context::AppContext;
 use crate::http::conn::{self, Builders, ListenerInfo, LocalAddr};
 use crate::server::accept;
 use crate::server::admission;
@@ -75,6 +76,8 @@ pub(crate) struct ConnControl {
     pub(crate) limit: Option<Arc<Semaphore>>,
     /// The drivers' hyper builders.
     pub(crate) builders: Arc<Builders>,
+    /// The application context the connections' requests run in.
+    pub(crate) app: Arc<AppContext>,
 }
 
 fn is_fd_exhaustion(e: &io::Error) -> bool {
@@ -98,6 +101,7 @@ pub(crate) async fn accept_loop(
     let info = Arc::new(ListenerInfo {
         local: listener.local()?,
         builders: Arc::clone(&control.builders),
+        app: Arc::clone(&control.app),
         py_server: OnceLock::new(),
     });
     enum L {

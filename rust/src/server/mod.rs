@@ -17,11 +17,10 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::bridge::context::{AppContext, PyParts};
+use crate::asgi::context::{AppContext, PyParts};
 use crate::bridge::queue::Event;
 use crate::config::Config;
 use crate::errors::StartupFailed;
-use crate::lifespan::{self, LifespanProtocol};
 use crate::logging;
 use crate::worker::{Stop, Worker};
 
@@ -36,7 +35,6 @@ pub struct Server {
     shared: Arc<Worker>,
     ctx: Arc<AppContext>,
     scratch: Mutex<Vec<Event>>,
-    lifespan: Mutex<Option<Py<LifespanProtocol>>>,
     log_threshold: u8,
 }
 
@@ -92,7 +90,6 @@ impl Server {
             shared,
             ctx: Arc::new(ctx),
             scratch: Mutex::new(Vec::with_capacity(256)),
-            lifespan: Mutex::new(None),
             log_threshold,
         })
     }
@@ -140,20 +137,11 @@ impl Server {
             let _drain = crate::bridge::waiter::DrainGuard::enter();
             while let Some(event) = self.shared.queue.next_taken() {
                 match event {
-                    Event::Http(req) => crate::http::start(py, &self.ctx, req),
-                    Event::Access(req, status, bytes) => {
-                        crate::http::log_rejected(py, &self.ctx, &req, status, bytes)
+                    Event::Run(job) => job.run(py),
+                    Event::Wake(w) => {
+                        w.unqueue();
+                        w.wake(py);
                     }
-                    Event::Wake(exch) => {
-                        exch.unqueue();
-                        crate::http::wake(py, &self.ctx, &exch);
-                    }
-                    Event::WebSocket(req) => crate::websocket::start(py, &self.ctx, req),
-                    Event::WsWake(ws) => {
-                        ws.unqueue();
-                        crate::websocket::protocol::on_wake(py, &self.ctx, &ws);
-                    }
-                    Event::Lifespan(cmd) => lifespan::handle(py, &self.ctx, &self.lifespan, cmd),
                     Event::Log(record) => {
                         self.shared.queue.log_taken();
                         self.ctx.log(py, record.level, &record.message);
@@ -212,8 +200,8 @@ impl Server {
             .map(|(fd, kind)| listen::StdListener::from_fd(fd, &kind))
             .collect::<std::io::Result<Vec<_>>>()?;
         logging::install(&self.shared.queue, self.log_threshold);
-        let shared = Arc::clone(&self.shared);
-        let res = py.detach(move || runtime::run(shared, listeners));
+        let app = Arc::clone(&self.ctx);
+        let res = py.detach(move || runtime::run(app, listeners));
         logging::uninstall();
         // Make sure the final drain (scheduled by the caller) sees them.
         self.shared.queue.flush();

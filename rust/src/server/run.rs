@@ -11,9 +11,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::asgi::context::AppContext;
+use crate::asgi::lifespan;
 use crate::bridge::queue::Event;
 use crate::http::conn::Builders;
-use crate::lifespan;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
 use crate::worker::connections::Order;
 use crate::worker::{signals, Stop, Worker};
@@ -185,7 +186,8 @@ async fn drain_delay(
 }
 
 /// Serves until a stop is requested; see the module docs.
-pub(crate) async fn run(shared: Arc<Worker>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+pub(crate) async fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+    let shared = Arc::clone(&app.shared);
     tokio::spawn(Arc::clone(&shared.wakeups).dispatch());
     watch_signals(Arc::clone(&shared))?;
     if let Some(fd) = shared.config.metrics_fd {
@@ -205,6 +207,7 @@ pub(crate) async fn run(shared: Arc<Worker>, listeners: Vec<StdListener>) -> Res
         tracker: shared.tracker.clone(),
         limit: (cfg.max_connections > 0).then(|| Arc::new(Semaphore::new(cfg.max_connections))),
         builders: Arc::new(Builders::new(cfg, shared.tracker.clone())),
+        app: Arc::clone(&app),
     };
     let stop_accept = CancellationToken::new();
     let mut acceptors = Vec::new();
@@ -216,7 +219,7 @@ pub(crate) async fn run(shared: Arc<Worker>, listeners: Vec<StdListener>) -> Res
     }
 
     let started = tokio::select! {
-        r = lifespan::startup(&shared) => r.map_err(RunError::Startup),
+        r = lifespan::startup(&app) => r.map_err(RunError::Startup),
         s = next_stop(&mut stop_rx) => {
             tracing::info!("stopped during startup ({s:?})");
             stop_accept.cancel();
@@ -232,10 +235,7 @@ pub(crate) async fn run(shared: Arc<Worker>, listeners: Vec<StdListener>) -> Res
     };
     shared.health.serving();
     shared.ready_hook();
-    tokio::spawn(crate::worker::watchdog::Watchdog::run(
-        Arc::clone(&shared),
-        crate::http::service::refuse_queued,
-    ));
+    tokio::spawn(crate::worker::watchdog::Watchdog::run(Arc::clone(&shared)));
     acceptors.extend(spawn_acceptors(
         listeners.take(),
         &shared,
@@ -299,7 +299,7 @@ pub(crate) async fn run(shared: Arc<Worker>, listeners: Vec<StdListener>) -> Res
         tracing::debug!("{line}");
     }
     if lifespan_running && !quick {
-        lifespan::shutdown(&shared).await;
+        lifespan::shutdown(&app).await;
     }
     Ok(())
 }

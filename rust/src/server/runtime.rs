@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::runtime::{Builder, Runtime};
 
+use crate::asgi::context::AppContext;
 use crate::server::listen::StdListener;
 use crate::server::run::{self, RunError};
 use crate::worker::Worker;
@@ -37,10 +38,11 @@ fn build(shared: &Arc<Worker>) -> io::Result<Runtime> {
 }
 
 /// Builds the runtime and serves until the server stops.
-pub(crate) fn run(shared: Arc<Worker>, listeners: Vec<StdListener>) -> Result<(), RunError> {
-    let rt = build(&shared)?;
+pub(crate) fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+    let shared = &app.shared;
+    let rt = build(shared)?;
     shared.signals.attach(rt.handle().clone());
-    let res = rt.block_on(run::run(shared, listeners));
+    let res = rt.block_on(run::run(Arc::clone(&app), listeners));
     rt.shutdown_timeout(Duration::from_millis(100));
     res
 }

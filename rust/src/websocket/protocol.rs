@@ -15,13 +15,15 @@ use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::CloseFrame;
 use tungstenite::Message;
 
+use crate::asgi::context::AppContext;
+use crate::asgi::message::message_type;
 use crate::bridge::awaitable::ready;
-use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
+use crate::bridge::context::{fail_disconnected, is_done, resolve};
 use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
 use crate::http::exchange::{BodyOut, ResponseHead};
-use crate::http::message::{body_bytes, message_type, parse_headers, parse_status};
+use crate::http::message::{body_bytes, parse_headers, parse_status};
 use crate::websocket::shared::{
     has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
 };
@@ -682,5 +684,19 @@ impl WebSocketProtocol {
                 "unexpected ASGI message type {other:?} on a WebSocket connection"
             ))),
         }
+    }
+}
+
+impl crate::bridge::owner::TaskOwner for WebSocketProtocol {
+    fn on_return(&self, py: Python<'_>) {
+        WebSocketProtocol::on_return(self, py);
+    }
+
+    fn on_error(&self, py: Python<'_>, err: PyErr) {
+        WebSocketProtocol::on_error(self, py, err);
+    }
+
+    fn on_cancel(&self, py: Python<'_>) {
+        WebSocketProtocol::on_cancel(self, py);
     }
 }

@@ -73,16 +73,13 @@ pub(crate) async fn handle(
     let resp = decide(parts, Arc::clone(&conn), busy).await;
     if let Some((parts, received)) = logged {
         let bytes = resp.body().size_hint().exact().unwrap_or(0);
-        conn.shared.queue.push(Event::Access(
-            Box::new(HttpRequest {
-                parts,
-                exch: Arc::new(Exchange::default()),
-                conn: Arc::clone(&conn),
-                received: Some(received),
-            }),
-            resp.status().as_u16(),
-            bytes,
-        ));
+        conn.shared.queue.push(Event::Run(Box::new(HttpRequest {
+            parts,
+            exch: Arc::new(Exchange::default()),
+            conn: Arc::clone(&conn),
+            received: Some(received),
+            rejected: Some((resp.status().as_u16(), bytes)),
+        })));
     }
     resp
 }
@@ -125,7 +122,8 @@ async fn decide(
         shared: &shared,
         armed: true,
     };
-    shared.queue.push(Event::WebSocket(Box::new(WsRequest {
+    ws.attach(&conn.listener.app);
+    shared.queue.push(Event::Run(Box::new(WsRequest {
         parts,
         ws: Arc::clone(&ws),
         conn: Arc::clone(&conn),

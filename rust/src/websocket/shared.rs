@@ -11,17 +11,17 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use http::HeaderMap;
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
-
-use crate::bridge::waiter::Waiter;
 use tungstenite::Message;
 
-use crate::bridge::queue::Event;
+use crate::asgi::context::AppContext;
+use crate::bridge::queue::{Event, Wake};
+use crate::bridge::waiter::Waiter;
 use crate::config::Config;
 use crate::http::exchange::ResponseHead;
 use crate::worker::Worker;
@@ -98,6 +98,20 @@ pub(crate) struct WsState {
 pub(crate) struct WsShared {
     st: Mutex<WsState>,
     queued: AtomicBool,
+    /// The application context its wakes run in (see [`WsShared::attach`]).
+    app: OnceLock<Arc<AppContext>>,
+}
+
+impl Wake for WsShared {
+    fn unqueue(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    fn wake(self: Arc<Self>, py: Python<'_>) {
+        if let Some(ctx) = self.app.get() {
+            crate::websocket::protocol::on_wake(py, ctx, &self);
+        }
+    }
 }
 
 impl WsShared {
@@ -108,12 +122,16 @@ impl WsShared {
     /// Asks the asyncio thread to look at this socket's waiters.
     pub(crate) fn needs_python(self: &Arc<Self>, shared: &Worker) {
         if !self.queued.swap(true, Ordering::AcqRel) {
-            shared.queue.push(Event::WsWake(Arc::clone(self)));
+            shared
+                .queue
+                .push(Event::Wake(Arc::clone(self) as Arc<dyn Wake>));
         }
     }
 
-    pub(crate) fn unqueue(&self) {
-        self.queued.store(false, Ordering::Release);
+    /// Ties the socket to the application context its wakes run in (once,
+    /// before its handshake is queued).
+    pub(crate) fn attach(&self, app: &Arc<AppContext>) {
+        let _ = self.app.set(Arc::clone(app));
     }
 
     /// Tokio side: waits for the app's handshake decision.

@@ -116,8 +116,7 @@ impl Watchdog {
     }
 
     /// Checks the loop until the runtime stops: see the module docs.
-    /// `refuse` answers the requests queued for a stalled loop.
-    pub(crate) async fn run(shared: Arc<Worker>, refuse: fn(&Worker)) {
+    pub(crate) async fn run(shared: Arc<Worker>) {
         let w = &shared.watchdog;
         if !w.enabled() {
             return;
@@ -139,7 +138,7 @@ impl Watchdog {
                     );
                 }
                 // Again at every check: requests queued since the last.
-                refuse(&shared);
+                refuse_queued(&shared);
             } else {
                 if w.stalled.swap(false, Ordering::SeqCst) {
                     w.state.send_replace(false);
@@ -182,6 +181,15 @@ impl Watchdog {
                 self.stalls.load(Ordering::Relaxed)
             )
         })
+    }
+}
+
+/// Answers `503` to every request the loop has not handed to the app.
+fn refuse_queued(shared: &Worker) {
+    let mut refused = Vec::new();
+    shared.queue.take_unstarted(&mut refused);
+    for job in refused {
+        job.refuse();
     }
 }
 
