@@ -44,9 +44,6 @@ KNOWN_UPWARD = {
     # config's own data types still live in http/compress.rs, server/tls.rs.
     "config -> http",
     "config -> server",
-    # The HTTP/1.1 and HTTP/2 drivers still live in http/ and run the
-    # WebSocket driver.
-    "http -> websocket",
 }
 
 # Sub-folders of proto/ that must not import one another.

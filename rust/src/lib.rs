@@ -24,6 +24,8 @@ mod logging;
 #[cfg(feature = "python")]
 mod metrics;
 #[cfg(feature = "python")]
+mod proto;
+#[cfg(feature = "python")]
 mod server;
 #[cfg(feature = "python")]
 mod websocket;

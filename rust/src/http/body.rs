@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::http::compress::Encoder;
-use crate::http::conn::{BusyGuard, ConnCtx};
+use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Aborted, Exchange, Out};
 use crate::http::service::{check_deadlines, pump_body};
 use crate::http::zerocopy::FileRead;

@@ -14,7 +14,7 @@
 //! always precede it.
 //!
 //! On HTTP/2 each interim response is a HEADERS frame (RFC 9113 §8.1) on
-//! the request's stream, whose id [`h2io`](crate::http::h2io) learns; its
+//! the request's stream, whose id [`h2io`](crate::proto::h2::io) learns; its
 //! field block uses only HPACK literals without indexing (RFC 7541 §6.2.2),
 //! which leave the connection's compression state as h2 keeps it.
 
@@ -45,7 +45,7 @@ pub(crate) struct InterimSlot {
     /// Bytes are waiting (a lock-free check for every flush).
     pending: AtomicBool,
     /// HTTP/2: the client shrank its HPACK dynamic table (see
-    /// [`h2io`](crate::http::h2io)); interim responses are dropped on
+    /// [`h2io`](crate::proto::h2::io)); interim responses are dropped on
     /// this connection from then on.
     off: AtomicBool,
     st: Mutex<SlotState>,

@@ -11,7 +11,7 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::http::conn::ConnCtx;
+use crate::http::ctx::ConnCtx;
 use crate::http::headscan::HeadScan;
 
 /// Sockets whose read readiness can be awaited, and read without waiting.

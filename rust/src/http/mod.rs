@@ -13,10 +13,8 @@
 pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod compress;
-pub(crate) mod conn;
+pub(crate) mod ctx;
 pub(crate) mod exchange;
-pub(crate) mod h2conn;
-pub(crate) mod h2io;
 pub(crate) mod headscan;
 pub(crate) mod interim;
 pub(crate) mod io;

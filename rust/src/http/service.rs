@@ -23,10 +23,11 @@ use crate::bridge::queue::Event;
 use crate::http::activity::Expired;
 use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::compress;
-use crate::http::conn::{BusyGuard, ConnCtx};
+use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Awaited, BodyOut, Exchange};
 use crate::http::interim;
-use crate::wire::request::{check_head, FIELD_TOO_LARGE};
+use crate::wire::handshake;
+use crate::wire::request::{check_head, Seen, FIELD_TOO_LARGE};
 use crate::worker::Worker;
 
 /// A request on its way to the application.
@@ -311,16 +312,50 @@ fn refuse_stalled(
     resp
 }
 
-/// Serves one request: see the module docs.
-pub(crate) async fn handle(
-    req: Request<Incoming>,
+/// A request whose head passed every check of [`admit`].
+pub(crate) struct Admitted {
+    parts: http::request::Parts,
+    body: Incoming,
     conn: Arc<ConnCtx>,
-) -> Result<Response<ResponseBody>, Infallible> {
+    busy: BusyGuard,
+    received: Option<Instant>,
+    seen: Seen,
+}
+
+/// What [`admit`] decided.
+pub(crate) enum Admission {
+    /// The server answered itself (health path, a refused head, a stalled
+    /// loop).
+    Answered(Response<ResponseBody>),
+    /// On to the app: an HTTP request or a WebSocket handshake.
+    Admitted(Admitted),
+}
+
+impl Admitted {
+    /// Whether the request opens a WebSocket (an HTTP/1.1 upgrade or an
+    /// RFC 8441 extended CONNECT).
+    pub(crate) fn is_websocket(&self) -> bool {
+        (self.seen.upgrade && handshake::is_upgrade(&self.parts))
+            || handshake::is_extended_connect(&self.parts)
+    }
+
+    /// What the WebSocket handshake service takes; an end of stream on the
+    /// connection is the client leaving from now on.
+    pub(crate) fn into_websocket(self) -> (http::request::Parts, Arc<ConnCtx>, BusyGuard) {
+        self.conn.not_plain_http();
+        (self.parts, self.conn, self.busy)
+    }
+}
+
+/// Checks a request head before anything is queued for the app: the
+/// health path, field counts and sizes (RFC 9110 §5, RFC 9112 §3), a
+/// trusted proxy's forwarding fields, a stalled loop. See the module docs.
+pub(crate) async fn admit(req: Request<Incoming>, conn: Arc<ConnCtx>) -> Admission {
     let busy = BusyGuard::new(&conn);
     let shared = &*conn.shared;
     if shared.health.enabled() {
         if shared.health.matches(req.method(), req.uri().path()) {
-            return Ok(health_response(shared, busy));
+            return Admission::Answered(health_response(shared, busy));
         }
         // Accepted during lifespan startup (for the health path): the
         // request waits for startup as it would in the backlog.
@@ -333,13 +368,13 @@ pub(crate) async fn handle(
     let mut busy = busy;
     busy.meter(req.method(), req.version());
     shared.count_request();
-    let (mut parts, mut body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     if parts.version == http::Version::HTTP_2 {
         h2_fields(&mut parts);
         // hyper's HTTP/1.1 parser counts fields; on HTTP/2 it is done here.
         let most = shared.config.limit_request_fields;
         if most > 0 && parts.headers.len() > most {
-            return Ok(answer(
+            return Admission::Answered(answer(
                 parts,
                 &conn,
                 received,
@@ -361,7 +396,7 @@ pub(crate) async fn handle(
         Ok(seen) => seen,
         Err(r) => {
             tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
-            return Ok(answer(parts, &conn, received, r.status, r.reason, busy));
+            return Admission::Answered(answer(parts, &conn, received, r.status, r.reason, busy));
         }
     };
     if let Some(proxy) = &shared.config.proxy {
@@ -373,7 +408,7 @@ pub(crate) async fn handle(
             }
             Ok(None) => {}
             Err(reason) => {
-                return Ok(answer(
+                return Admission::Answered(answer(
                     parts,
                     &conn,
                     received,
@@ -385,14 +420,29 @@ pub(crate) async fn handle(
         }
     }
     if shared.watchdog.is_stalled() {
-        return Ok(refuse_stalled(parts, &conn, received, busy));
+        return Admission::Answered(refuse_stalled(parts, &conn, received, busy));
     }
-    if (seen.upgrade && crate::websocket::handshake::is_upgrade(&parts))
-        || crate::websocket::handshake::is_extended_connect(&parts)
-    {
-        conn.not_plain_http();
-        return Ok(crate::websocket::service::handle(parts, conn, busy).await);
-    }
+    Admission::Admitted(Admitted {
+        parts,
+        body,
+        conn,
+        busy,
+        received,
+        seen,
+    })
+}
+
+/// Serves an admitted HTTP request: see the module docs.
+pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infallible> {
+    let Admitted {
+        parts,
+        mut body,
+        conn,
+        mut busy,
+        received,
+        seen,
+    } = a;
+    let shared = &*conn.shared;
     // The coding this client accepts, if compression is on; whether it is
     // applied depends on the response (see `compress`).
     let coding = shared

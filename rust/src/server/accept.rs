@@ -11,7 +11,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::http::conn::{serve, ListenerInfo};
+use crate::http::ctx::ListenerInfo;
+use crate::proto::{serve, Builders};
 use crate::server::tls;
 use crate::wire::proxy_protocol::{self, Parsed, MAX_HEADER};
 use crate::worker::Worker;
@@ -55,6 +56,7 @@ pub(crate) async fn serve_tcp(
     mut tcp: TcpStream,
     shared: Arc<Worker>,
     listener: Arc<ListenerInfo>,
+    builders: Arc<Builders>,
     mut peer: SocketAddr,
     permit: Option<OwnedSemaphorePermit>,
 ) {
@@ -78,7 +80,7 @@ pub(crate) async fn serve_tcp(
         }
     }
     let Some(acceptor) = shared.tls.clone() else {
-        serve(tcp, shared, listener, Some(peer), permit, None).await;
+        serve(tcp, shared, listener, builders, Some(peer), permit, None).await;
         return;
     };
     let Some(stream) = tls::handshake(&acceptor, tcp, &shared, peer).await else {
@@ -89,6 +91,7 @@ pub(crate) async fn serve_tcp(
         stream,
         shared,
         listener,
+        builders,
         Some(peer),
         permit,
         Some(Box::new(info)),

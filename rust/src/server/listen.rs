@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::asgi::context::AppContext;
-use crate::http::conn::{self, Builders, ListenerInfo, LocalAddr};
+use crate::http::ctx::{ListenerInfo, LocalAddr};
+use crate::proto::{self, Builders};
 use crate::server::accept;
 use crate::server::admission;
 use crate::worker::watchdog::Gate;
@@ -100,7 +101,6 @@ pub(crate) async fn accept_loop(
 ) -> io::Result<()> {
     let info = Arc::new(ListenerInfo {
         local: listener.local()?,
-        builders: Arc::clone(&control.builders),
         app: Arc::clone(&control.app),
         py_server: OnceLock::new(),
     });
@@ -152,9 +152,11 @@ pub(crate) async fn accept_loop(
                     let _ = s.set_nodelay(true);
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
                     if shared.tls.is_some() || shared.config.proxy_protocol.is_some() {
-                        control.tracker.spawn(accept::serve_tcp(s, shared, info, peer, permit));
+                        let builders = Arc::clone(&control.builders);
+                        control.tracker.spawn(accept::serve_tcp(s, shared, info, builders, peer, permit));
                     } else {
-                        control.tracker.spawn(conn::serve(s, shared, info, Some(peer), permit, None));
+                        let builders = Arc::clone(&control.builders);
+                        control.tracker.spawn(proto::serve(s, shared, info, builders, Some(peer), permit, None));
                     }
                 }),
                 _ = stop.cancelled() => return Ok(()),
@@ -163,7 +165,8 @@ pub(crate) async fn accept_loop(
             L::Unix(u) => tokio::select! {
                 r = u.accept() => r.map(|(s, _)| {
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    control.tracker.spawn(conn::serve(s, shared, info, None, permit, None));
+                    let builders = Arc::clone(&control.builders);
+                    control.tracker.spawn(proto::serve(s, shared, info, builders, None, permit, None));
                 }),
                 _ = stop.cancelled() => return Ok(()),
                 _ = gate.shut() => continue,

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::asgi::context::AppContext;
 use crate::asgi::lifespan;
 use crate::bridge::queue::Event;
-use crate::http::conn::Builders;
+use crate::proto::Builders;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
 use crate::worker::connections::Order;
 use crate::worker::{signals, Stop, Worker};

@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::http::conn::TlsInfo;
+use crate::http::ctx::TlsInfo;
 use crate::worker::connections::Order;
 use crate::worker::Worker;
 

@@ -9,7 +9,6 @@
 //! handshake) and moves messages through [`shared::WsShared`], with bounded
 //! queues both ways → [`protocol`] gives the app `receive` and `send`.
 
-pub(crate) mod driver;
 pub(crate) use crate::wire::handshake;
 pub(crate) mod protocol;
 pub(crate) mod service;
@@ -31,7 +30,13 @@ use crate::websocket::service::WsRequest;
 /// Never raises: a failure before the app runs is logged and answered 500.
 pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<WsRequest>) {
     let proto = WebSocketProtocol::new(Arc::clone(&req.ws), Arc::clone(ctx));
-    let scope = match crate::http::scope::websocket_scope(py, ctx, &req) {
+    let scope = match crate::http::scope::websocket_scope(
+        py,
+        ctx,
+        &req.parts,
+        &req.conn,
+        &req.subprotocols,
+    ) {
         Ok(s) => s,
         Err(e) => {
             proto.on_error(py, e);

@@ -17,7 +17,7 @@ use hyper::upgrade::OnUpgrade;
 
 use crate::bridge::queue::Event;
 use crate::http::body::ResponseBody;
-use crate::http::conn::{BusyGuard, ConnCtx};
+use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::exchange::{BodyOut, Exchange};
 use crate::http::service::HttpRequest;
 use crate::websocket::handshake;
@@ -147,7 +147,8 @@ async fn decide(
                     // Once hyper has written the 101 (the 200) it hands the
                     // socket (the stream) to the protocol's driver, which
                     // runs the WebSocket.
-                    *conn.upgrade.lock() = Some(Arc::clone(&ws));
+                    *conn.upgrade.lock() =
+                        Some(Arc::clone(&ws) as Arc<dyn std::any::Any + Send + Sync>);
                     sh
                 }
                 Err(e) => {

@@ -31,7 +31,7 @@ use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tungstenite::{Error, Message};
 
-use crate::http::conn::ConnCtx;
+use crate::http::ctx::ConnCtx;
 use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
 use crate::worker::connections::{Member, Order};
 
