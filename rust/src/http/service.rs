@@ -24,7 +24,7 @@ use crate::http::activity::Expired;
 use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::compress;
 use crate::http::ctx::{BusyGuard, ConnCtx};
-use crate::http::exchange::{Awaited, BodyOut, Exchange};
+use crate::http::exchange::{Awaited, BodyOut, Exchange, ResponseHead};
 use crate::http::interim;
 use crate::wire::handshake;
 use crate::wire::request::{check_head, Seen, FIELD_TOO_LARGE};
@@ -432,6 +432,101 @@ pub(crate) async fn admit(req: Request<Incoming>, conn: Arc<ConnCtx>) -> Admissi
     })
 }
 
+/// The coding this client accepts, if compression is on, whether the
+/// request is `HEAD`, and whether it refuses identity; whether the coding
+/// is applied depends on the response (see `compress`).
+fn negotiate(
+    config: &crate::config::Config,
+    parts: &http::request::Parts,
+) -> Option<(compress::Coding, bool, bool)> {
+    config
+        .compression
+        .as_ref()
+        .and_then(|c| compress::negotiate(c, &parts.headers))
+        .map(|coding| {
+            (
+                coding,
+                parts.method == http::Method::HEAD,
+                compress::identity_refused(&parts.headers),
+            )
+        })
+}
+
+/// The `503` of a request over `limit_concurrency`, with `Retry-After`.
+fn refuse_concurrency(
+    parts: http::request::Parts,
+    conn: &Arc<ConnCtx>,
+    received: Option<Instant>,
+    busy: BusyGuard,
+) -> Response<ResponseBody> {
+    conn.shared
+        .metrics
+        .refused(crate::metrics::Limit::Concurrency);
+    let mut resp = answer(
+        parts,
+        conn,
+        received,
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::worker::concurrency::REASON,
+        busy,
+    );
+    crate::worker::watchdog::retry_after(resp.headers_mut());
+    resp
+}
+
+/// Compresses the response as negotiated (`coding`: the coding, whether
+/// the request is `HEAD`, whether identity is refused): a whole body at
+/// once, a streamed or file body through the returned encoder.
+fn compress_head(
+    config: &crate::config::Config,
+    coding: Option<(compress::Coding, bool, bool)>,
+    head: &mut ResponseHead,
+) -> Option<compress::Encoder> {
+    let (Some(cfg), Some((coding, head_request, must))) = (&config.compression, coding) else {
+        return None;
+    };
+    let mut coder = None;
+    let len = match &head.body {
+        BodyOut::Full(d) => Some(d.len() as u64),
+        BodyOut::File { len, .. } => Some(*len),
+        BodyOut::Stream => None,
+    };
+    if compress::applies(cfg, head_request, head.status, &head.headers, len, must) {
+        if let BodyOut::Full(d) = &head.body {
+            match compress::whole(coding, d) {
+                // Encoding that does not shrink the body (random or
+                // compressed bytes) is not applied: it costs the
+                // client the decoding for nothing.
+                Ok(z) if z.len() >= d.len() && !must => {}
+                Ok(z) => {
+                    head.body = BodyOut::Full(z);
+                    compress::mark_headers(&mut head.headers, coding);
+                }
+                Err(e) => tracing::error!("response compression failed: {e}"),
+            }
+        } else {
+            match compress::Encoder::new(coding) {
+                Ok(enc) => {
+                    coder = Some(enc);
+                    compress::mark_headers(&mut head.headers, coding);
+                }
+                Err(e) => tracing::error!("response compression failed: {e}"),
+            }
+        }
+    }
+    coder
+}
+
+/// Queues interim responses for the wire, encoded for this request's
+/// protocol; returns where they end in the connection's interim bytes.
+fn load_interim(conn: &ConnCtx, list: &[(StatusCode, http::HeaderMap)]) -> Option<u64> {
+    match conn.h2_stream {
+        Some(_) if conn.interim.is_off() => None,
+        Some(stream) => conn.interim.load(interim::encode_h2(stream, list)),
+        None => conn.interim.load(interim::encode_h1(list)),
+    }
+}
+
 /// Serves an admitted HTTP request: see the module docs.
 pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infallible> {
     let Admitted {
@@ -443,23 +538,11 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
         seen,
     } = a;
     let shared = &*conn.shared;
-    // The coding this client accepts, if compression is on; whether it is
-    // applied depends on the response (see `compress`).
-    let coding = shared
-        .config
-        .compression
-        .as_ref()
-        .and_then(|c| compress::negotiate(c, &parts.headers))
-        .map(|coding| {
-            (
-                coding,
-                parts.method == http::Method::HEAD,
-                compress::identity_refused(&parts.headers),
-            )
-        });
+    let coding = negotiate(&shared.config, &parts);
     let bodyless = body.is_end_stream();
-    // `Expect` only matters for a request with a body. hyper's HTTP/2
-    // server cannot send a 100 (no interim responses), so an HTTP/2 body is
+    // `Expect` only matters for a request with a body. On HTTP/2 hyper
+    // reads the body without waiting for a `100`, and Skirr's own HTTP/2
+    // interim path carries only what the app sends, so an HTTP/2 body is
     // read as if no `Expect` came: the client sends it after its wait.
     let expect_continue = !bodyless
         && seen.expect
@@ -503,19 +586,7 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
     }
     match shared.concurrency.acquire() {
         Ok(slot) => busy.hold(slot),
-        Err(()) => {
-            shared.metrics.refused(crate::metrics::Limit::Concurrency);
-            let mut resp = answer(
-                parts,
-                &conn,
-                received,
-                StatusCode::SERVICE_UNAVAILABLE,
-                crate::worker::concurrency::REASON,
-                busy,
-            );
-            crate::worker::watchdog::retry_after(resp.headers_mut());
-            return Ok(resp);
-        }
+        Err(()) => return Ok(refuse_concurrency(parts, &conn, received, busy)),
     }
     let mut guard = GoneGuard {
         exch: &exch,
@@ -548,12 +619,7 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
                     // Queued only where they can be sent (`HttpProtocol`
                     // drops them elsewhere; an HTTP/2 connection may have
                     // turned them off since, see `h2io`).
-                    let loaded = match conn.h2_stream {
-                        Some(_) if conn.interim.is_off() => None,
-                        Some(stream) => conn.interim.load(interim::encode_h2(stream, &list)),
-                        None => conn.interim.load(interim::encode_h1(&list)),
-                    };
-                    if let Some(end) = loaded {
+                    if let Some(end) = load_interim(&conn, &list) {
                         interim_upto = end;
                     }
                 }
@@ -577,39 +643,7 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
     drop(guard);
 
     let mut head = head;
-    let mut coder = None;
-    if let (Some(cfg), Some((coding, head_request, must))) =
-        (&conn.shared.config.compression, coding)
-    {
-        let len = match &head.body {
-            BodyOut::Full(d) => Some(d.len() as u64),
-            BodyOut::File { len, .. } => Some(*len),
-            BodyOut::Stream => None,
-        };
-        if compress::applies(cfg, head_request, head.status, &head.headers, len, must) {
-            if let BodyOut::Full(d) = &head.body {
-                match compress::whole(coding, d) {
-                    // Encoding that does not shrink the body (random or
-                    // compressed bytes) is not applied: it costs the
-                    // client the decoding for nothing.
-                    Ok(z) if z.len() >= d.len() && !must => {}
-                    Ok(z) => {
-                        head.body = BodyOut::Full(z);
-                        compress::mark_headers(&mut head.headers, coding);
-                    }
-                    Err(e) => tracing::error!("response compression failed: {e}"),
-                }
-            } else {
-                match compress::Encoder::new(coding) {
-                    Ok(enc) => {
-                        coder = Some(enc);
-                        compress::mark_headers(&mut head.headers, coding);
-                    }
-                    Err(e) => tracing::error!("response compression failed: {e}"),
-                }
-            }
-        }
-    }
+    let coder = compress_head(&conn.shared.config, coding, &mut head);
     busy.responded(head.status);
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),

@@ -244,6 +244,26 @@ where
     .await;
 }
 
+/// Why hyper handed the socket back: an error, a park we asked for
+/// (`parked`), or the connection's end.
+fn stopped(ctx: &ConnCtx, res: hyper::Result<()>, parked: bool) -> Stopped {
+    if let Err(e) = res {
+        if e.is_parse_too_large() {
+            // hyper answered 431 itself (fields, field size, head size).
+            ctx.shared
+                .metrics
+                .refused(crate::metrics::Limit::RequestHead);
+        }
+        tracing::debug!("connection ended: {e}");
+        return Stopped::Ended("error");
+    }
+    if parked {
+        Stopped::Parked
+    } else {
+        Stopped::Ended("closed")
+    }
+}
+
 /// Runs hyper on the socket until the connection ends, is parked, or is
 /// upgraded (hyper then stops after writing the 101).
 async fn drive<I, S>(
@@ -328,21 +348,7 @@ where
             _ => {}
         }
         if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
-            if let Err(e) = res {
-                if e.is_parse_too_large() {
-                    // hyper answered 431 itself (fields, field size, head size).
-                    ctx.shared
-                        .metrics
-                        .refused(crate::metrics::Limit::RequestHead);
-                }
-                tracing::debug!("connection ended: {e}");
-                return Poll::Ready(Stopped::Ended("error"));
-            }
-            return Poll::Ready(if parking && !draining {
-                Stopped::Parked
-            } else {
-                Stopped::Ended("closed")
-            });
+            return Poll::Ready(stopped(ctx, res, parking && !draining));
         }
         if member.order() == Order::Drain
             && !draining
