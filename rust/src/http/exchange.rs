@@ -21,8 +21,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -31,6 +30,7 @@ use crate::asgi::context::AppContext;
 use crate::bridge::queue::{Event, Wake};
 use crate::bridge::waiter::Waiter;
 use crate::http::zerocopy::FileSegment;
+use crate::wire::response::plain_text_fields;
 use crate::worker::Worker;
 
 /// One queued piece of a streamed response body.
@@ -86,11 +86,7 @@ impl ResponseHead {
     /// connection (its request body may be unread).
     pub(crate) fn plain(status: StatusCode, reason: &'static str) -> Self {
         let mut headers = HeaderMap::with_capacity(2);
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        plain_text_fields(&mut headers);
         ResponseHead {
             status,
             headers,

@@ -7,7 +7,7 @@
 //! completes its first `receive()` without waiting.
 
 use std::convert::Infallible;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -58,6 +58,14 @@ impl Drop for GoneGuard<'_> {
             self.exch.mark_gone(self.shared);
         }
     }
+}
+
+/// Whether the client waits for a `100 Continue` before its body. On
+/// HTTP/2 hyper reads the body without waiting for a `100`, and Skirr's own
+/// HTTP/2 interim path carries only what the app sends, so an HTTP/2 body
+/// is read as if no `Expect` came: the client sends it after its wait.
+fn continue_wanted(parts: &http::request::Parts) -> bool {
+    parts.version != http::Version::HTTP_2 && expects_continue(parts)
 }
 
 fn expects_continue(parts: &http::request::Parts) -> bool {
@@ -347,25 +355,14 @@ impl Admitted {
     }
 }
 
-/// Checks a request head before anything is queued for the app: the
-/// health path, field counts and sizes (RFC 9110 §5, RFC 9112 §3), a
-/// trusted proxy's forwarding fields, a stalled loop. See the module docs.
-pub(crate) async fn admit(req: Request<Incoming>, conn: Arc<ConnCtx>) -> Admission {
-    let busy = BusyGuard::new(&conn);
+/// Checks a request head before anything is queued for the app: field
+/// counts and sizes (RFC 9110 §5, RFC 9112 §3), a trusted proxy's
+/// forwarding fields, a stalled loop. See the module docs. Not `async`: the
+/// request's one future stays one state machine.
+fn admit(req: Request<Incoming>, conn: Arc<ConnCtx>, mut busy: BusyGuard) -> Admission {
     let shared = &*conn.shared;
-    if shared.health.enabled() {
-        if shared.health.matches(req.method(), req.uri().path()) {
-            return Admission::Answered(health_response(shared, busy));
-        }
-        // Accepted during lifespan startup (for the health path): the
-        // request waits for startup as it would in the backlog.
-        if shared.health.is_starting() {
-            shared.health.until_started().await;
-        }
-    }
     let cfg = &conn.shared.config;
     let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
-    let mut busy = busy;
     busy.meter(req.method(), req.version());
     shared.count_request();
     let (mut parts, body) = req.into_parts();
@@ -452,6 +449,18 @@ fn negotiate(
         })
 }
 
+/// Whether the app may be called for a request: the loop must not be
+/// stalled (it may have blocked while the body was read), and a slot under
+/// `limit_concurrency` must be free (held by `busy` from now). `Err(true)`:
+/// stalled; `Err(false)`: at the limit.
+fn may_start(shared: &Worker, busy: &mut BusyGuard) -> Result<(), bool> {
+    if shared.watchdog.is_stalled() {
+        return Err(true);
+    }
+    busy.hold(shared.concurrency.acquire().map_err(|()| false)?);
+    Ok(())
+}
+
 /// The `503` of a request over `limit_concurrency`, with `Retry-After`.
 fn refuse_concurrency(
     parts: http::request::Parts,
@@ -527,8 +536,41 @@ fn load_interim(conn: &ConnCtx, list: &[(StatusCode, http::HeaderMap)]) -> Optio
     }
 }
 
-/// Serves an admitted HTTP request: see the module docs.
-pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infallible> {
+/// The WebSocket handshake service, given by the driver (`proto`), so that
+/// this protocol-neutral service never names the WebSocket side.
+pub(crate) type WsHandshake = fn(
+    http::request::Parts,
+    Arc<ConnCtx>,
+    BusyGuard,
+) -> Pin<Box<dyn Future<Output = Response<ResponseBody>> + Send>>;
+
+/// Serves one request: see the module docs. A WebSocket handshake goes to
+/// `ws`.
+pub(crate) async fn handle(
+    req: Request<Incoming>,
+    conn: Arc<ConnCtx>,
+    ws: WsHandshake,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let busy = BusyGuard::new(&conn);
+    let shared = &*conn.shared;
+    if shared.health.enabled() {
+        if shared.health.matches(req.method(), req.uri().path()) {
+            return Ok(health_response(shared, busy));
+        }
+        // Accepted during lifespan startup (for the health path): the
+        // request waits for startup as it would in the backlog.
+        if shared.health.is_starting() {
+            shared.health.until_started().await;
+        }
+    }
+    let a = match admit(req, conn, busy) {
+        Admission::Answered(resp) => return Ok(resp),
+        Admission::Admitted(a) => a,
+    };
+    if a.is_websocket() {
+        let (parts, conn, busy) = a.into_websocket();
+        return Ok(ws(parts, conn, busy).await);
+    }
     let Admitted {
         parts,
         mut body,
@@ -540,14 +582,8 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
     let shared = &*conn.shared;
     let coding = negotiate(&shared.config, &parts);
     let bodyless = body.is_end_stream();
-    // `Expect` only matters for a request with a body. On HTTP/2 hyper
-    // reads the body without waiting for a `100`, and Skirr's own HTTP/2
-    // interim path carries only what the app sends, so an HTTP/2 body is
-    // read as if no `Expect` came: the client sends it after its wait.
-    let expect_continue = !bodyless
-        && seen.expect
-        && parts.version != http::Version::HTTP_2
-        && expects_continue(&parts);
+    // `Expect` only matters for a request with a body.
+    let expect_continue = !bodyless && seen.expect && continue_wanted(&parts);
 
     let max_body = shared.config.max_body_size;
     if max_body > 0 && body.size_hint().lower() > max_body {
@@ -580,13 +616,13 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
         }
     };
 
-    if shared.watchdog.is_stalled() {
-        // The loop blocked while the body was read.
-        return Ok(refuse_stalled(parts, &conn, received, busy));
-    }
-    match shared.concurrency.acquire() {
-        Ok(slot) => busy.hold(slot),
-        Err(()) => return Ok(refuse_concurrency(parts, &conn, received, busy)),
+    if let Err(stalled) = may_start(shared, &mut busy) {
+        let refuse = if stalled {
+            refuse_stalled
+        } else {
+            refuse_concurrency
+        };
+        return Ok(refuse(parts, &conn, received, busy));
     }
     let mut guard = GoneGuard {
         exch: &exch,
@@ -642,16 +678,34 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
     guard.armed = false;
     drop(guard);
 
-    let mut head = head;
+    let stream = || StreamBody::new(exch, incoming, Arc::clone(&conn), expect_continue);
+    Ok(finish(
+        &conn,
+        head,
+        coding,
+        stream,
+        busy,
+        (app_started, received),
+    ))
+}
+
+/// The response hyper writes: compressed as negotiated, its body full, a
+/// file, or streamed from the exchange (`stream`, called only then);
+/// `times`: when the app was called and the head received (Server-Timing).
+fn finish(
+    conn: &ConnCtx,
+    mut head: ResponseHead,
+    coding: Option<(compress::Coding, bool, bool)>,
+    stream: impl FnOnce() -> StreamBody,
+    mut busy: BusyGuard,
+    times: (Option<Instant>, Option<Instant>),
+) -> Response<ResponseBody> {
     let coder = compress_head(&conn.shared.config, coding, &mut head);
     busy.responded(head.status);
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),
         BodyOut::File { file, len } => ResponseBody::file(file, len, busy),
-        BodyOut::Stream => ResponseBody::stream(
-            StreamBody::new(exch, incoming, Arc::clone(&conn), expect_continue),
-            busy,
-        ),
+        BodyOut::Stream => ResponseBody::stream(stream(), busy),
     };
     let body = match coder {
         Some(enc) => body.coded(enc),
@@ -661,9 +715,9 @@ pub(crate) async fn serve(a: Admitted) -> Result<Response<ResponseBody>, Infalli
     set_status(&mut resp, head.status);
     *resp.headers_mut() = head.headers;
     if conn.shared.config.server_timing {
-        server_timing(resp.headers_mut(), app_started, received);
+        server_timing(resp.headers_mut(), times.0, times.1);
     }
-    Ok(resp)
+    resp
 }
 
 /// Sets `resp`'s status. hyper writes the literal reason phrase `<none>`

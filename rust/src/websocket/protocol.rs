@@ -6,9 +6,8 @@ mod send;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use bytes::BytesMut;
+use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -24,7 +23,7 @@ use crate::bridge::context::{fail_disconnected, is_done, resolve};
 use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::{BodyOut, ResponseHead};
+use crate::http::exchange::ResponseHead;
 use crate::websocket::shared::{
     has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
 };
@@ -84,17 +83,7 @@ fn disconnect<'py>(py: Python<'py>, code: u16, reason: &str) -> PyResult<Bound<'
 }
 
 fn plain_500() -> ResponseHead {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    ResponseHead {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        headers,
-        body: BodyOut::Full(Bytes::from_static(b"Internal Server Error")),
-    }
+    ResponseHead::plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
 }
 
 /// Close codes an endpoint may send (RFC 6455 §7.4; 1004-1006 and 1015 are
