@@ -185,8 +185,11 @@ pub struct Config {
     pub metrics_fd: Option<i32>,
 }
 
-/// A comma-separated string or a list of strings.
-pub(crate) fn str_list(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Vec<String>> {
+/// A comma-separated string or a list of strings, each trimmed, empty
+/// items dropped.
+///
+/// Errors: `TypeError` naming `key` for anything else.
+pub(super) fn str_list(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Vec<String>> {
     if let Ok(s) = v.extract::<String>() {
         return Ok(s
             .split(',')
@@ -251,7 +254,12 @@ impl Default for Config {
     }
 }
 
-pub(crate) fn secs(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Duration> {
+/// A number of seconds, 0 to 1e9 (a guard: far beyond any sensible
+/// timeout, and below `Duration`'s range).
+///
+/// Errors: `TypeError` for a non-number, `ValueError` out of range; both
+/// name `key`.
+pub(super) fn secs(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Duration> {
     let s: f64 = v
         .extract()
         .map_err(|_| PyTypeError::new_err(format!("option {key:?} must be a number of seconds")))?;
@@ -263,7 +271,10 @@ pub(crate) fn secs(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Duration> {
     Ok(Duration::from_secs_f64(s))
 }
 
-pub(crate) fn count<T: for<'a, 'py> FromPyObject<'a, 'py>>(
+/// A non-negative integer that fits `T`.
+///
+/// Errors: `ValueError` naming `key` for anything else.
+pub(super) fn count<T: for<'a, 'py> FromPyObject<'a, 'py>>(
     v: &Bound<'_, PyAny>,
     key: &str,
 ) -> PyResult<T> {
