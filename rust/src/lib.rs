@@ -39,9 +39,6 @@ mod asgi;
 #[cfg(feature = "python")]
 mod bridge;
 #[cfg(feature = "python")]
-// `Config::from_dict` is split into per-group parsers by the config part
-// of issue 18 (a parallel change); until then it is over the limit.
-#[allow(clippy::too_many_lines)]
 pub mod config;
 #[cfg(feature = "python")]
 mod errors;
@@ -50,8 +47,6 @@ mod http;
 #[cfg(feature = "python")]
 mod logging;
 #[cfg(feature = "python")]
-// Split into a `metrics/` folder by a parallel change of issue 18.
-#[allow(clippy::too_many_lines)]
 mod metrics;
 #[cfg(feature = "python")]
 mod proto;
@@ -109,6 +104,7 @@ fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StartupFailed", py.get_type::<errors::StartupFailed>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(pyo3::wrap_pyfunction!(metrics_table, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(config::effective_config, m)?)?;
     Ok(())
 }
 

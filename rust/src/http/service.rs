@@ -435,7 +435,7 @@ fn admit(req: Request<Incoming>, conn: Arc<ConnCtx>, mut busy: BusyGuard) -> Adm
 fn negotiate(
     config: &crate::config::Config,
     parts: &http::request::Parts,
-) -> Option<(compress::Coding, bool, bool)> {
+) -> Option<(crate::config::Coding, bool, bool)> {
     config
         .compression
         .as_ref()
@@ -488,7 +488,7 @@ fn refuse_concurrency(
 /// once, a streamed or file body through the returned encoder.
 fn compress_head(
     config: &crate::config::Config,
-    coding: Option<(compress::Coding, bool, bool)>,
+    coding: Option<(crate::config::Coding, bool, bool)>,
     head: &mut ResponseHead,
 ) -> Option<compress::Encoder> {
     let (Some(cfg), Some((coding, head_request, must))) = (&config.compression, coding) else {
@@ -695,7 +695,7 @@ pub(crate) async fn handle(
 fn finish(
     conn: &ConnCtx,
     mut head: ResponseHead,
-    coding: Option<(compress::Coding, bool, bool)>,
+    coding: Option<(crate::config::Coding, bool, bool)>,
     stream: impl FnOnce() -> StreamBody,
     mut busy: BusyGuard,
     times: (Option<Instant>, Option<Instant>),

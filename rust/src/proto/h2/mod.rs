@@ -1,7 +1,7 @@
 //! One HTTP/2 connection: hyper's HTTP/2 state machine, with the same
 //! [`service::handle`] per stream as HTTP/1.1.
 //!
-//! What HTTP/1.1's driver ([`conn`](crate::http::conn)) keeps per
+//! What HTTP/1.1's driver ([`h1`](crate::proto::h1)) keeps per
 //! connection is per stream here:
 //!
 //! * Each stream gets its own [`ConnCtx`] (sharing the connection's peer,
