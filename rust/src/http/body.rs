@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use crate::http::compress::Encoder;
 use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Aborted, Exchange, Out};
-use crate::http::service::{check_deadlines, pump_body};
+use crate::http::pump::{check_deadlines, pump_body};
 use crate::http::zerocopy::FileRead;
 
 /// What polling a body yields.

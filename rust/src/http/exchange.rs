@@ -29,90 +29,14 @@ use pyo3::types::PyDict;
 use crate::asgi::context::AppContext;
 use crate::bridge::queue::{Event, Wake};
 use crate::bridge::waiter::Waiter;
-use crate::http::zerocopy::FileSegment;
-use crate::wire::response::plain_text_fields;
+pub(crate) use crate::http::response::{Aborted, BodyOut, Out, ResponseHead};
 use crate::worker::Worker;
-
-/// One queued piece of a streamed response body.
-pub(crate) enum Out {
-    /// Bytes from `http.response.body`.
-    Data(Bytes),
-    /// A file region from `http.response.zerocopysend`, read by the Tokio
-    /// side; its bytes count in `out_bytes` until they are read.
-    File(FileSegment),
-}
-
-impl Out {
-    /// Body bytes this piece carries.
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Out::Data(b) => b.len(),
-            Out::File(f) => f.len(),
-        }
-    }
-
-    /// Whether it carries no body bytes.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl From<Bytes> for Out {
-    fn from(b: Bytes) -> Self {
-        Out::Data(b)
-    }
-}
-
-/// How the response body travels.
-pub(crate) enum BodyOut {
-    /// The whole body is known: written with a `Content-Length`.
-    Full(Bytes),
-    /// Chunks follow through the exchange's queue.
-    Stream,
-    /// A file's first `len` bytes (`http.response.pathsend`), read by the
-    /// Tokio side; written with a `Content-Length`.
-    File { file: std::fs::File, len: u64 },
-}
-
-/// A response head ready for the wire.
-pub(crate) struct ResponseHead {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: BodyOut,
-}
-
-impl ResponseHead {
-    /// A plain-text response from the server itself, closing the
-    /// connection (its request body may be unread).
-    pub(crate) fn plain(status: StatusCode, reason: &'static str) -> Self {
-        let mut headers = HeaderMap::with_capacity(2);
-        plain_text_fields(&mut headers);
-        ResponseHead {
-            status,
-            headers,
-            body: BodyOut::Full(Bytes::from_static(reason.as_bytes())),
-        }
-    }
-}
 
 /// What the service waits for: interim responses come before the head.
 pub(crate) enum Awaited {
     Interim(Vec<(StatusCode, HeaderMap)>),
     Head(ResponseHead),
 }
-
-/// A streamed response ended badly: the connection must be closed rather
-/// than the response terminated as if complete.
-#[derive(Debug)]
-pub(crate) struct Aborted;
-
-impl std::fmt::Display for Aborted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the application did not complete the response")
-    }
-}
-
-impl std::error::Error for Aborted {}
 
 /// Mutable state; see the module docs for who touches what.
 #[derive(Default)]

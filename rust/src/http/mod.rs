@@ -10,6 +10,7 @@
 //! `send` → [`message`] validates what it sends → [`exchange`] carries it
 //! back → [`body`] feeds it to hyper, which writes the wire.
 
+pub(crate) mod access;
 pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod compress;
@@ -20,6 +21,8 @@ pub(crate) mod interim;
 pub(crate) mod io;
 pub(crate) mod message;
 pub(crate) mod protocol;
+pub(crate) mod pump;
+pub(crate) mod response;
 pub(crate) mod scope;
 pub(crate) mod service;
 pub(crate) mod zerocopy;
@@ -98,7 +101,7 @@ pub(crate) fn log_rejected(
     bytes: u64,
 ) {
     match scope::http_scope(py, ctx, req) {
-        Ok(scope) => protocol::write_access(
+        Ok(scope) => crate::http::access::write_access(
             py,
             ctx,
             &scope.unbind(),

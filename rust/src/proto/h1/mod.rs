@@ -395,7 +395,7 @@ where
                     Verdict::Close(reason) => return Poll::Ready(Stopped::Ended(reason)),
                     Verdict::Expire(e) => {
                         // The request's service answers it when hyper polls
-                        // it next (see `service::check_deadlines`).
+                        // it next (see `pump::check_deadlines`).
                         ctx.activity.expire(e);
                         timer
                             .as_mut()

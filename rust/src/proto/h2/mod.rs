@@ -274,7 +274,7 @@ impl Drop for StreamGuard {
 }
 
 /// A stream's deadline timer: records a passed deadline in the stream's
-/// activity (answered by the service, see `service::check_deadlines`).
+/// activity (answered by the service, see `pump::check_deadlines`).
 /// With `send_timeout` on, it also carries the stream's [`SendWatch`] and
 /// the rest of a body chunk being handed to hyper in pieces.
 struct StreamTimer {
