@@ -332,7 +332,7 @@ impl Activity {
             // A head not complete when the drain began (a new connection's
             // included) gets `grace`, not `header_read_timeout`. An idle
             // keep-alive connection has its own, shorter, drain window
-            // (`http::conn::DRAIN_IDLE`).
+            // (`http::ctx::DRAIN_IDLE`).
             if reading_head || !self.served.load(Ordering::Relaxed) {
                 let by = drain + grace;
                 if now >= by {

@@ -89,7 +89,7 @@ pub(crate) struct ConnCtx {
     /// Interim (1xx) responses on their way past hyper: the connection's,
     /// shared by its HTTP/2 streams.
     pub(crate) interim: Arc<InterimSlot>,
-    /// HTTP/2: the stream this context is for (see `h2io`).
+    /// HTTP/2: the stream this context is for (see `proto::h2::io`).
     pub(crate) h2_stream: Option<u32>,
 }
 
@@ -133,7 +133,7 @@ impl ConnCtx {
 
     /// Whether an interim response can reach this request's client: on
     /// HTTP/1.1, and on HTTP/2 streams whose id is known on a connection
-    /// that has not turned them off (see `h2io`); never on HTTP/1.0.
+    /// that has not turned them off (see `proto::h2::io`); never on HTTP/1.0.
     pub(crate) fn sends_interim(&self, version: http::Version) -> bool {
         match version {
             http::Version::HTTP_11 => true,

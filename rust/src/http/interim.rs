@@ -164,7 +164,7 @@ impl InterimSlot {
         let mut st = self.st.lock();
         if self.is_off() && !st.started {
             // HTTP/2, the client shrank its HPACK table since these were
-            // queued: they are whole frames, dropped whole (see `h2io`).
+            // queued: they are whole frames, dropped whole (see `proto::h2::io`).
             st.bytes = Bytes::new();
         }
         while !st.bytes.is_empty() {
@@ -207,7 +207,7 @@ pub(crate) fn encode_h1(responses: &[(StatusCode, HeaderMap)]) -> Bytes {
     out.freeze()
 }
 
-/// HTTP/2 frame types and flags used here and by `h2io` (RFC 9113 §6.2,
+/// HTTP/2 frame types and flags used here and by `proto::h2::io` (RFC 9113 §6.2,
 /// §6.10).
 pub(crate) const HEADERS: u8 = 0x1;
 pub(crate) const CONTINUATION: u8 = 0x9;

@@ -1,11 +1,10 @@
-//! HTTP/1.1 and HTTP/2 over hyper, bridged to ASGI's HTTP protocol.
+//! HTTP semantics shared by every HTTP version, bridged to ASGI's HTTP
+//! protocol. The wire drivers (`proto::h1`, `proto::h2`) build a
+//! [`ctx::ConnCtx`] per connection (per stream on HTTP/2) and call
+//! [`service::handle`] per request, which knows no wire protocol.
 //!
-//! Two wire drivers share one exchange: [`conn`] drives HTTP/1.1 (and
-//! picks the protocol of a new connection), [`h2conn`] drives HTTP/2; both
-//! call [`service::handle`] per request, which knows no protocol.
-//!
-//! Data flow: [`conn`] accepts bytes and drives hyper → [`service`] turns a
-//! parsed head into an [`service::HttpRequest`] for the asyncio thread →
+//! Data flow: a driver drives hyper → [`service`] checks the head and turns
+//! it into an [`service::HttpRequest`] for the asyncio thread →
 //! [`scope`] builds the scope there, [`protocol`] gives the app `receive` and
 //! `send` → [`message`] validates what it sends → [`exchange`] carries it
 //! back → [`body`] feeds it to hyper, which writes the wire.

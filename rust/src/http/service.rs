@@ -506,7 +506,7 @@ pub(crate) async fn handle(
                 Poll::Ready(Awaited::Interim(list)) => {
                     // Queued only where they can be sent (`HttpProtocol`
                     // drops them elsewhere; an HTTP/2 connection may have
-                    // turned them off since, see `h2io`).
+                    // turned them off since, see `proto::h2::io`).
                     if let Some(end) = load_interim(&conn, &list) {
                         interim_upto = end;
                     }

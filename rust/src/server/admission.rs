@@ -8,7 +8,7 @@
 //! if so, the HTTP connections that have held a slot for [`HOLD`] or more
 //! are retired, oldest first: each finishes its current response, which
 //! says `Connection: close` (a drain order for that connection alone, see
-//! `http::conn`), and frees its slot. WebSockets are never retired.
+//! `proto::h1`), and frees its slot. WebSockets are never retired.
 //!
 //! The bound: slots turn over at least every `HOLD` + `TICK` plus one
 //! response, so a newcomer behind `q` waiting connections is accepted

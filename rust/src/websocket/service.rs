@@ -2,7 +2,7 @@
 //! decision, then answer — 101 on HTTP/1.1 or 200 to an HTTP/2 extended
 //! CONNECT (RFC 8441 §5), and start the driver; 403; or the app's own HTTP
 //! response. Nothing reaches the wire before the app has decided. The
-//! protocol's driver (`http::conn`, `http::h2conn`) finds the accepted
+//! protocol's driver (`proto::h1`, `proto::h2`) finds the accepted
 //! WebSocket in `ConnCtx::upgrade` once the response is out.
 
 use std::future::poll_fn;
@@ -112,7 +112,7 @@ async fn decide(
         Ok(k) => k,
         Err(r) => return respond(handshake::plain(r.status, r.message), busy),
     };
-    // The upgrade is taken over by the connection task (see http::conn),
+    // The upgrade is taken over by the connection task (see proto::h1),
     // not through hyper's `OnUpgrade`; on HTTP/2 the driver took it first.
     drop(parts.extensions.remove::<OnUpgrade>());
     let subprotocols = handshake::subprotocols(&parts.headers);
