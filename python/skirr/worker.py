@@ -182,7 +182,7 @@ def with_request_hooks(app: Any, worker: Worker) -> Any:
         finally:
             if resp.status_code == 0:
                 # The app raised or returned before starting a response:
-                # Skirr answers 500 with this body (rust/src/http/protocol.rs).
+                # Skirr answers 500 with this body (rust/src/asgi/http/protocol.rs).
                 resp.status_code = 500
                 resp.headers = [("content-type", "text/plain; charset=utf-8")]
                 resp.sent = len(INTERNAL_ERROR_BODY)

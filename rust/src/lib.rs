@@ -15,9 +15,11 @@
 //! proto/      wire-protocol drivers: h1/, h2/, ws/ (none uses another),
 //!             mod.rs picks one, dispatch.rs routes a request
 //! websocket/  the ASGI side of a WebSocket (handshake service, protocol)
-//! http/       HTTP semantics shared by every version: connection context,
-//!             service, body, compression, the ASGI HTTP exchange and scope
-//! asgi/       protocol-neutral ASGI: application context, messages, lifespan
+//! http/       HTTP semantics shared by every version (Tokio side):
+//!             connection context, service, body, compression, interim
+//!             responses, the HTTP scope
+//! asgi/       protocol-neutral ASGI: application context, messages,
+//!             lifespan; http/: the HTTP exchange, receive/send, access log
 //! worker/     the worker's shared state        logging.rs
 //! bridge/     Tokio <-> asyncio: queue of jobs and wakes, task type
 //! config.rs   options          errors.rs, metrics.rs, wire/ (Python-free)

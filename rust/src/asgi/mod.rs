@@ -3,5 +3,6 @@
 //! for the exchanges themselves).
 
 pub(crate) mod context;
+pub(crate) mod http;
 pub(crate) mod lifespan;
 pub(crate) mod message;

@@ -9,11 +9,11 @@ use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::asgi::http::exchange::{Aborted, Exchange, Out};
+use crate::asgi::http::zerocopy::FileRead;
 use crate::http::compress::Encoder;
 use crate::http::ctx::{BusyGuard, ConnCtx};
-use crate::http::exchange::{Aborted, Exchange, Out};
 use crate::http::pump::{check_deadlines, pump_body};
-use crate::http::zerocopy::FileRead;
 
 /// What polling a body yields.
 type FramePoll = Poll<Option<Result<Frame<Bytes>, Aborted>>>;

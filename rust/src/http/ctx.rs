@@ -84,7 +84,7 @@ pub(crate) struct ConnCtx {
     /// A duplicate of the socket, taken when a hidden end of stream is
     /// read (HTTP/1.1): `send()` peeks at it to tell a client that left
     /// (its kernel answered our next write with a reset) from one that only
-    /// half-closed (see [`Exchange::gone_now`](crate::http::exchange::Exchange::gone_now)).
+    /// half-closed (see [`Exchange::gone_now`](crate::asgi::http::exchange::Exchange::gone_now)).
     pub(crate) eof_probe: Mutex<Option<Arc<std::os::fd::OwnedFd>>>,
     /// Interim (1xx) responses on their way past hyper: the connection's,
     /// shared by its HTTP/2 streams.

@@ -29,10 +29,6 @@ use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use tokio::io::AsyncWrite;
 
-/// Once this many interim responses wait in one exchange for the wire,
-/// the app's `send()` waits until the Tokio side took them.
-pub(crate) const MAX_QUEUED: usize = 16;
-
 /// Interim bytes a connection holds for a client that does not read them:
 /// past this, new ones are dropped (RFC 8297 lets a server send none). A
 /// single load is always taken into an empty slot.

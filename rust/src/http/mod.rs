@@ -9,32 +9,26 @@
 //! `send` → [`message`] validates what it sends → [`exchange`] carries it
 //! back → [`body`] feeds it to hyper, which writes the wire.
 
-pub(crate) mod access;
 pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod compress;
 pub(crate) mod ctx;
-pub(crate) mod exchange;
 pub(crate) mod headscan;
 pub(crate) mod interim;
 pub(crate) mod io;
-pub(crate) mod message;
-pub(crate) mod protocol;
 pub(crate) mod pump;
-pub(crate) mod response;
 pub(crate) mod scope;
 pub(crate) mod service;
-pub(crate) mod zerocopy;
 
 use std::sync::Arc;
 
 use pyo3::prelude::*;
 
 use crate::asgi::context::AppContext;
+use crate::asgi::http::protocol::HttpProtocol;
 use crate::bridge::owner::Owner;
 use crate::bridge::queue::{Event, Job};
 use crate::bridge::start::call_app;
-use crate::http::protocol::HttpProtocol;
 use crate::http::service::HttpRequest;
 
 /// Starts the application for a request (on the asyncio thread).
@@ -46,7 +40,8 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
     // `interim`), not HTTP/1.0 clients.
     let interim = req.conn.sends_interim(req.parts.version);
     let built = scope::http_scope(py, ctx, &req);
-    req.exch.lock().trailers = exchange::TrailersWanted::of(req.parts.version, &req.parts.headers);
+    req.exch.lock().trailers =
+        crate::asgi::http::exchange::TrailersWanted::of(req.parts.version, &req.parts.headers);
     let HttpRequest {
         parts,
         exch,
@@ -100,7 +95,7 @@ pub(crate) fn log_rejected(
     bytes: u64,
 ) {
     match scope::http_scope(py, ctx, req) {
-        Ok(scope) => crate::http::access::write_access(
+        Ok(scope) => crate::asgi::http::access::write_access(
             py,
             ctx,
             &scope.unbind(),

@@ -13,9 +13,9 @@ use http::StatusCode;
 use http_body::Body;
 use hyper::body::Incoming;
 
+use crate::asgi::http::exchange::Exchange;
 use crate::http::activity::Expired;
 use crate::http::ctx::ConnCtx;
-use crate::http::exchange::Exchange;
 
 /// Reads a whole body of a known small length, before the app starts.
 /// `Err` carries the answer: 400 for a body that fails, 408 when the

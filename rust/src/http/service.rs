@@ -19,11 +19,11 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use hyper::body::Incoming;
 
+use crate::asgi::http::exchange::{Awaited, BodyOut, Exchange, ResponseHead};
 use crate::bridge::queue::Event;
 use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::compress;
 use crate::http::ctx::{BusyGuard, ConnCtx};
-use crate::http::exchange::{Awaited, BodyOut, Exchange, ResponseHead};
 use crate::http::interim;
 use crate::http::pump::{check_deadlines, pump_body, read_small_body};
 use crate::wire::handshake;

@@ -17,13 +17,13 @@ use tungstenite::protocol::CloseFrame;
 use tungstenite::Message;
 
 use crate::asgi::context::AppContext;
+use crate::asgi::http::exchange::ResponseHead;
 use crate::asgi::message::message_type;
 use crate::bridge::awaitable::ready;
 use crate::bridge::context::{fail_disconnected, is_done, resolve};
 use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::ResponseHead;
 use crate::websocket::shared::{
     has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
 };

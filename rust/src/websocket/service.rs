@@ -15,10 +15,10 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use hyper::upgrade::OnUpgrade;
 
+use crate::asgi::http::exchange::{BodyOut, Exchange};
 use crate::bridge::queue::Event;
 use crate::http::body::ResponseBody;
 use crate::http::ctx::{BusyGuard, ConnCtx};
-use crate::http::exchange::{BodyOut, Exchange};
 use crate::http::service::HttpRequest;
 use crate::websocket::handshake;
 use crate::websocket::shared::{Decision, WsShared, ABNORMAL};

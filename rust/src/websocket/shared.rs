@@ -20,10 +20,10 @@ use pyo3::prelude::*;
 use tungstenite::Message;
 
 use crate::asgi::context::AppContext;
+use crate::asgi::http::exchange::ResponseHead;
 use crate::bridge::queue::{Event, Wake};
 use crate::bridge::waiter::Waiter;
 use crate::config::Config;
-use crate::http::exchange::ResponseHead;
 use crate::worker::Worker;
 
 /// Most `receive()` (and, separately, `send()`) calls that may wait on one

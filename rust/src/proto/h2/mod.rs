@@ -49,11 +49,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_util::task::TaskTracker;
 
+use crate::asgi::http::exchange::Aborted;
 use crate::config::{Config, Http2};
 use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
 use crate::http::body::ResponseBody;
 use crate::http::ctx::{ConnCtx, DRAIN_IDLE};
-use crate::http::exchange::Aborted;
 use crate::websocket::shared::WsShared;
 
 use self::io::{self as h2io, H2Io};

@@ -11,10 +11,10 @@ use tungstenite::protocol::CloseFrame;
 use tungstenite::Message;
 
 use super::{sendable_code, Outgoing, Phase, ProtoState, WebSocketProtocol};
+use crate::asgi::http::exchange::{BodyOut, ResponseHead};
+use crate::asgi::http::message::{body_bytes, parse_headers, parse_status};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::{BodyOut, ResponseHead};
-use crate::http::message::{body_bytes, parse_headers, parse_status};
 use crate::websocket::shared::{Decision, ABNORMAL};
 
 /// `message[k]`, `None` counting as absent.

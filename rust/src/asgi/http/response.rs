@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use crate::http::zerocopy::FileSegment;
+use crate::asgi::http::zerocopy::FileSegment;
 use crate::wire::response::plain_text_fields;
 
 /// One queued piece of a streamed response body.

@@ -6,10 +6,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::asgi::context::AppContext;
+use crate::asgi::http::access::write_access;
+use crate::asgi::http::exchange::{ExchState, Exchange};
 use crate::bridge::context::{fail_disconnected, is_done, resolve};
 use crate::bridge::names::names;
-use crate::http::access::write_access;
-use crate::http::exchange::{ExchState, Exchange};
 use crate::worker::Worker;
 
 pub(super) fn request_message<'py>(

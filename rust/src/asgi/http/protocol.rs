@@ -19,14 +19,14 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::asgi::context::AppContext;
+use crate::asgi::http::access::write_access;
+use crate::asgi::http::exchange::{BodyOut, Exchange, Out, ResponseHead, TrailersWanted};
+use crate::asgi::http::message::{parse_http_send, HttpSend};
+use crate::asgi::http::zerocopy;
 use crate::bridge::awaitable::ready;
 use crate::bridge::context::{is_done, resolve};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
-use crate::http::access::write_access;
-use crate::http::exchange::{BodyOut, Exchange, Out, ResponseHead, TrailersWanted};
-use crate::http::message::{parse_http_send, HttpSend};
-use crate::http::zerocopy;
 use crate::wire::response::{declared_length, status_allows_body};
 
 /// Where the app is in its response.

@@ -27,10 +27,14 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::asgi::context::AppContext;
+pub(crate) use crate::asgi::http::response::{Aborted, BodyOut, Out, ResponseHead};
 use crate::bridge::queue::{Event, Wake};
 use crate::bridge::waiter::Waiter;
-pub(crate) use crate::http::response::{Aborted, BodyOut, Out, ResponseHead};
 use crate::worker::Worker;
+
+/// Once this many interim responses wait in one exchange for the wire,
+/// the app's `send()` waits until the Tokio side took them.
+pub(crate) const MAX_QUEUED: usize = 16;
 
 /// What the service waits for: interim responses come before the head.
 pub(crate) enum Awaited {
@@ -171,7 +175,7 @@ impl Wake for Exchange {
 
     fn wake(self: Arc<Self>, py: Python<'_>) {
         if let Some(ctx) = self.app.get() {
-            crate::http::protocol::on_wake(py, ctx, &self);
+            crate::asgi::http::protocol::on_wake(py, ctx, &self);
         }
     }
 }
@@ -473,8 +477,6 @@ impl Exchange {
 
     /// Queues an interim response for the wire, before the head. Returns
     /// false when [`MAX_QUEUED`] now wait: `send()` must wait too.
-    ///
-    /// [`MAX_QUEUED`]: crate::http::interim::MAX_QUEUED
     pub(crate) fn push_interim(
         &self,
         status: StatusCode,
@@ -484,7 +486,7 @@ impl Exchange {
         let mut st = self.st.lock();
         st.interim.push((status, headers));
         wake_tokio(&mut st, shared);
-        st.interim.len() < crate::http::interim::MAX_QUEUED
+        st.interim.len() < MAX_QUEUED
     }
 
     /// Queues a response chunk (`end` marks the last one). Returns whether
@@ -545,9 +547,7 @@ impl ExchState {
     /// Whether `send()` may queue more: under `send_buffer` bytes, no file
     /// region and fewer than `MAX_QUEUED` interim responses waiting.
     pub(crate) fn has_room(&self, send_buffer: usize) -> bool {
-        self.out_bytes < send_buffer
-            && self.out_files == 0
-            && self.interim.len() < crate::http::interim::MAX_QUEUED
+        self.out_bytes < send_buffer && self.out_files == 0 && self.interim.len() < MAX_QUEUED
     }
 }
 

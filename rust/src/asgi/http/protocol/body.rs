@@ -9,8 +9,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use super::{HttpProtocol, Phase, ProtoState};
+use crate::asgi::http::exchange::{BodyOut, Out, ResponseHead};
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::{BodyOut, Out, ResponseHead};
 
 impl HttpProtocol {
     /// One body chunk (`what` names the message in errors): held to the

@@ -12,8 +12,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString, PyTuple};
 
+use crate::asgi::http::zerocopy::{self, ZeroCopySend};
 use crate::bridge::names::names;
-use crate::http::zerocopy::{self, ZeroCopySend};
 
 /// Bodies at least this large are handed to hyper without a copy.
 const ZERO_COPY_MIN: usize = 4096;
