@@ -13,7 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::asgi::context::AppContext;
 use crate::http::activity::Activity;
-use crate::http::interim::InterimSlot;
+use crate::http::interim::{InterimSlot, StreamEncoder};
 use crate::worker::Worker;
 
 /// How long a draining worker keeps an idle keep-alive connection open for
@@ -89,8 +89,9 @@ pub(crate) struct ConnCtx {
     /// Interim (1xx) responses on their way past hyper: the connection's,
     /// shared by its HTTP/2 streams.
     pub(crate) interim: Arc<InterimSlot>,
-    /// HTTP/2: the stream this context is for (see `proto::h2::io`).
-    pub(crate) h2_stream: Option<u32>,
+    /// HTTP/2: the stream this context is for (see `proto::h2::io`), and
+    /// the driver's encoder of interim responses on it.
+    pub(crate) h2_stream: Option<(u32, StreamEncoder)>,
 }
 
 impl ConnCtx {
@@ -145,7 +146,7 @@ impl ConnCtx {
     /// The context of one HTTP/2 stream: the connection's facts, its own
     /// [`Activity`] (the stream's deadlines). The connection's slot under
     /// the limit stays with the connection.
-    pub(crate) fn for_stream(&self, stream: Option<u32>) -> ConnCtx {
+    pub(crate) fn for_stream(&self, stream: Option<u32>, encode: StreamEncoder) -> ConnCtx {
         ConnCtx {
             shared: Arc::clone(&self.shared),
             listener: Arc::clone(&self.listener),
@@ -158,7 +159,7 @@ impl ConnCtx {
             eof_waker: Mutex::new(None),
             eof_probe: Mutex::new(None),
             interim: Arc::clone(&self.interim),
-            h2_stream: stream,
+            h2_stream: stream.map(|id| (id, encode)),
         }
     }
 }

@@ -383,7 +383,7 @@ fn compress_head(
 fn load_interim(conn: &ConnCtx, list: &[(StatusCode, http::HeaderMap)]) -> Option<u64> {
     match conn.h2_stream {
         Some(_) if conn.interim.is_off() => None,
-        Some(stream) => conn.interim.load(interim::encode_h2(stream, list)),
+        Some((stream, encode)) => conn.interim.load(encode(stream, list)),
         None => conn.interim.load(interim::encode_h1(list)),
     }
 }

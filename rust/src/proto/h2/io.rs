@@ -35,9 +35,8 @@ use bytes::{Buf, BytesMut};
 use http::header::{Entry, HeaderMap, HeaderName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::http::interim::{
-    frame_head, hpack_literal, InterimSlot, CONTINUATION, END_HEADERS, HEADERS, MAX_FRAME,
-};
+use super::frame::{frame_head, hpack_literal, CONTINUATION, END_HEADERS, HEADERS, MAX_FRAME};
+use crate::http::interim::InterimSlot;
 use crate::http::io::{ConnIo, Readiness};
 use crate::proto::h2::PREFACE;
 

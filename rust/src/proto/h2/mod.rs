@@ -29,6 +29,7 @@
 //!   ([`Watched`]); a response stalled that long has its task dropped,
 //!   which resets the stream (CANCEL) and tells the app the client is gone.
 
+pub(crate) mod frame;
 pub(crate) mod io;
 
 use std::cell::RefCell;
@@ -525,7 +526,7 @@ where
         let streams = Arc::clone(&streams);
         service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             let id = h2io::take_stream_id(req.headers_mut(), token);
-            let stream = Arc::new(ctx.for_stream(id));
+            let stream = Arc::new(ctx.for_stream(id, frame::encode_h2));
             stream.activity.start_request();
             let guard = StreamGuard::new(&streams);
             let upgrade =
