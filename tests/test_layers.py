@@ -30,7 +30,6 @@ FLOORS = {
     "worker": 3,
     "asgi": 4,
     "http": 5,
-    "websocket": 6,
     "proto": 7,
     "server": 8,
 }

@@ -12,14 +12,15 @@
 //!
 //! ```text
 //! server/     composition root: Server, run, listen, accept, tls, runtime
-//! proto/      wire-protocol drivers: h1/, h2/, ws/ (none uses another),
+//! proto/      wire-protocol drivers: h1/, h2/, ws/ (none uses another;
+//!             ws/ also answers the handshake and starts the app),
 //!             mod.rs picks one, dispatch.rs routes a request
-//! websocket/  the ASGI side of a WebSocket (handshake service, protocol)
 //! http/       HTTP semantics shared by every version (Tokio side):
 //!             connection context, service, body, compression, interim
 //!             responses, the HTTP scope
 //! asgi/       protocol-neutral ASGI: application context, messages,
-//!             lifespan; http/: the HTTP exchange, receive/send, access log
+//!             lifespan; http/: the HTTP exchange, receive/send, access
+//!             log; websocket/: a WebSocket's receive/send, shared state
 //! worker/     the worker's shared state        logging.rs
 //! bridge/     Tokio <-> asyncio: queue of jobs and wakes, task type
 //! config.rs   options          errors.rs, metrics.rs, wire/ (Python-free)
@@ -54,8 +55,6 @@ mod metrics;
 mod proto;
 #[cfg(feature = "python")]
 mod server;
-#[cfg(feature = "python")]
-mod websocket;
 pub mod wire;
 #[cfg(feature = "python")]
 mod worker;

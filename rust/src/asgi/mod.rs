@@ -6,3 +6,4 @@ pub(crate) mod context;
 pub(crate) mod http;
 pub(crate) mod lifespan;
 pub(crate) mod message;
+pub(crate) mod websocket;

@@ -73,7 +73,7 @@ pub(crate) struct ConnCtx {
     /// the context alive.
     _permit: Option<OwnedSemaphorePermit>,
     /// Set by the WebSocket service when the app accepts (its
-    /// `websocket::shared::WsShared`, which this floor does not name): once
+    /// `asgi::websocket::shared::WsShared`, which this floor does not name): once
     /// hyper has written the 101, the socket goes to the WebSocket driver.
     pub(crate) upgrade: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
     /// The TLS session's facts, for the scope's `tls` extension.

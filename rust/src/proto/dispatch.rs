@@ -31,5 +31,5 @@ fn websocket(
     conn: Arc<ConnCtx>,
     busy: BusyGuard,
 ) -> Pin<Box<dyn Future<Output = Response<ResponseBody>> + Send>> {
-    Box::pin(crate::websocket::service::handle(parts, conn, busy))
+    Box::pin(crate::proto::ws::service::handle(parts, conn, busy))
 }

@@ -24,9 +24,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
+use crate::asgi::websocket::shared::WsShared;
 use crate::http::ctx::{ConnCtx, ListenerInfo, TlsInfo};
 use crate::http::io::{ConnIo, Readiness};
-use crate::websocket::shared::WsShared;
 use crate::worker::Worker;
 
 /// hyper's connection builders, configured once per worker from the

@@ -51,11 +51,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_util::task::TaskTracker;
 
 use crate::asgi::http::exchange::Aborted;
+use crate::asgi::websocket::shared::WsShared;
 use crate::config::{Config, Http2};
 use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
 use crate::http::body::ResponseBody;
 use crate::http::ctx::{ConnCtx, DRAIN_IDLE};
-use crate::websocket::shared::WsShared;
 
 use self::io::{self as h2io, H2Io};
 use crate::http::io::{ConnIo, Readiness};
@@ -404,7 +404,11 @@ fn start_websocket(
             Ok(up) => run(TokioIo::new(up), ws, stream).await,
             Err(e) => {
                 tracing::debug!("HTTP/2 WebSocket stream ended before it started: {e}");
-                ws.close(crate::websocket::shared::ABNORMAL, String::new(), &shared);
+                ws.close(
+                    crate::asgi::websocket::shared::ABNORMAL,
+                    String::new(),
+                    &shared,
+                );
             }
         }
         streams.websockets.fetch_sub(1, Ordering::Relaxed);

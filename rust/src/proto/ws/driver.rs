@@ -31,8 +31,8 @@ use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tungstenite::{Error, Message};
 
+use crate::asgi::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
 use crate::http::ctx::ConnCtx;
-use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
 use crate::worker::connections::{Member, Order};
 
 /// The socket after the 101, with any bytes hyper had read ahead replayed.

@@ -1,6 +1,8 @@
 //! The WebSocket driver (RFC 6455), shared by both ways a WebSocket
 //! starts: an HTTP/1.1 upgrade and an HTTP/2 extended CONNECT (RFC 8441).
-//! The handshake itself is answered by `websocket::service`; the
-//! application side is `websocket::protocol`.
+//! The handshake itself is answered by [`service`], which [`start`]s the
+//! application; the application side is `asgi::websocket::protocol`.
 
 pub(crate) mod driver;
+pub(crate) mod service;
+pub(crate) mod start;

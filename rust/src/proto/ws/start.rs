@@ -1,29 +1,16 @@
-//! WebSockets (RFC 6455) bridged to the ASGI WebSocket protocol (spec 2.5),
-//! with the `websocket.http.response` denial extension.
-//!
-//! Data flow: [`handshake`](crate::wire::handshake) recognises and validates an upgrade request →
-//! [`service`] hands it to the app and waits for its decision; nothing is
-//! written until the app accepts (101 with its subprotocol and headers),
-//! closes (403) or answers with its own HTTP response → once upgraded,
-//! [`driver`] runs tungstenite (framing, fragmentation, ping/pong, the close
-//! handshake) and moves messages through [`shared::WsShared`], with bounded
-//! queues both ways → [`protocol`] gives the app `receive` and `send`.
-
-pub(crate) use crate::wire::handshake;
-pub(crate) mod protocol;
-pub(crate) mod service;
-pub(crate) mod shared;
+//! Starts the application for a WebSocket handshake (asyncio thread): the
+//! scope, the ASGI side's [`WebSocketProtocol`], the app's coroutine.
 
 use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+use super::service::WsRequest;
 use crate::asgi::context::AppContext;
+use crate::asgi::websocket::protocol::WebSocketProtocol;
 use crate::bridge::owner::Owner;
 use crate::bridge::queue::Job;
 use crate::bridge::start::call_app;
-use crate::websocket::protocol::WebSocketProtocol;
-use crate::websocket::service::WsRequest;
 
 /// Starts the application for a WebSocket handshake (asyncio thread).
 ///

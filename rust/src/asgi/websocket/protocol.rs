@@ -19,14 +19,14 @@ use tungstenite::Message;
 use crate::asgi::context::AppContext;
 use crate::asgi::http::exchange::ResponseHead;
 use crate::asgi::message::message_type;
+use crate::asgi::websocket::shared::{
+    has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
+};
 use crate::bridge::awaitable::ready;
 use crate::bridge::context::{fail_disconnected, is_done, resolve};
 use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
-use crate::websocket::shared::{
-    has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
-};
 
 /// Where the app is in the WebSocket's life.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -13,9 +13,9 @@ use tungstenite::Message;
 use super::{sendable_code, Outgoing, Phase, ProtoState, WebSocketProtocol};
 use crate::asgi::http::exchange::{BodyOut, ResponseHead};
 use crate::asgi::http::message::{body_bytes, parse_headers, parse_status};
+use crate::asgi::websocket::shared::{Decision, ABNORMAL};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
-use crate::websocket::shared::{Decision, ABNORMAL};
 
 /// `message[k]`, `None` counting as absent.
 fn get<'py>(d: &Bound<'py, PyDict>, k: &Py<PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {

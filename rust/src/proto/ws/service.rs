@@ -16,12 +16,12 @@ use http_body::Body;
 use hyper::upgrade::OnUpgrade;
 
 use crate::asgi::http::exchange::{BodyOut, Exchange};
+use crate::asgi::websocket::shared::{Decision, WsShared, ABNORMAL};
 use crate::bridge::queue::Event;
 use crate::http::body::ResponseBody;
 use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::service::HttpRequest;
-use crate::websocket::handshake;
-use crate::websocket::shared::{Decision, WsShared, ABNORMAL};
+use crate::wire::handshake;
 use crate::worker::Worker;
 
 /// A handshake on its way to the application.

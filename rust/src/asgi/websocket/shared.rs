@@ -109,7 +109,7 @@ impl Wake for WsShared {
 
     fn wake(self: Arc<Self>, py: Python<'_>) {
         if let Some(ctx) = self.app.get() {
-            crate::websocket::protocol::on_wake(py, ctx, &self);
+            crate::asgi::websocket::protocol::on_wake(py, ctx, &self);
         }
     }
 }
