@@ -5,11 +5,12 @@
 //! [`service`] hands it to the app and waits for its decision; nothing is
 //! written until the app accepts (101 with its subprotocol and headers),
 //! closes (403) or answers with its own HTTP response → once upgraded,
-//! [`driver`] runs tungstenite (framing, fragmentation, ping/pong, the close
+//! [`driver`] runs [`framed`] (framing, permessage-deflate, fragmentation, ping/pong, the close
 //! handshake) and moves messages through [`shared::WsShared`], with bounded
 //! queues both ways → [`protocol`] gives the app `receive` and `send`.
 
 pub(crate) mod driver;
+pub(crate) mod framed;
 pub(crate) use crate::wire::handshake;
 pub(crate) mod protocol;
 pub(crate) mod service;
