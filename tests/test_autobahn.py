@@ -50,7 +50,12 @@ def run_wstest(url: str, cases: list[str]) -> dict:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     results = json.load(open(os.path.join(out, "index.json")))["skirr"]
     counts = collections.Counter(r["behavior"] for r in results.values())
-    print(f"\nAutobahn: {dict(counts)} of {len(results)} cases in {time.monotonic() - t0:.0f} s")
+    per_section = collections.Counter()
+    for k, r in results.items():
+        per_section[k.split(".")[0]] += r.get("duration", 0) / 1000
+    took = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(per_section.items(), key=lambda kv: int(kv[0])))
+    print(f"\nAutobahn: {dict(counts)} of {len(results)} cases in {time.monotonic() - t0:.0f} s ({out})")
+    print(f"seconds per section: {took}")
     return results
 
 
@@ -74,7 +79,7 @@ def test_autobahn_full_suite_standalone():
 @pytest.mark.skipif(not WSTEST, reason="SKIRR_WSTEST is not set: run the suite with tests/run.sh")
 def test_autobahn_under_gunicorn():
     full = os.environ.get("SKIRR_AUTOBAHN_FULL", "0") != "0"
-    with gunicorn("apps.ws_app:app", "-w", "1", *ARGS) as s:
+    with gunicorn("apps.ws_app:app", "-w", "1", "--log-level", "warning") as s:
         results = run_wstest(f"ws://127.0.0.1:{s.port}/echo", ALL if full else GUNICORN_SUBSET)
     check(results, 517 if full else len(results))
     if not full:

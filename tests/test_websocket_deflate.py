@@ -264,11 +264,12 @@ def test_wsproto_client_round_trips(server):
 
 def test_memory_per_compressed_connection():
     """RSS per connection with permessage-deflate agreed: idle, then after
-    each side compressed a 2 KiB message (the states then exist). Printed
-    for the README; bounded well below uvicorn's ~316 KiB."""
+    each side compressed a 2 KiB message (the client's decompression state
+    then exists). Printed for the README; bounded well below uvicorn's
+    ~316 KiB."""
     n = 200
     msg = json.dumps([{"id": i, "name": f"user{i}", "ok": True} for i in range(60)]).encode()[:2048]
-    z = deflate(msg)
+    z = deflate(msg, wbits=12)
     with skirr("apps.ws_app:app", "--no-access-log", "--ws-ping-interval", "0") as s:
         request(s.port, "/")
         conns = []
@@ -278,7 +279,9 @@ def test_memory_per_compressed_connection():
                 c = WsConn(s.port)
                 c.__enter__()
                 conns.append(c)
-                assert ext_header(c.handshake("/echo", extra=OFFER.format("permessage-deflate"))) == [SNCT]
+                # As browsers offer: the client's window is Skirr's choice (12 bits).
+                resp = c.handshake("/echo", extra=OFFER.format("permessage-deflate; client_max_window_bits"))
+                assert ext_header(resp) == [SNCT + "; client_max_window_bits=12"]
             idle = (rss_kib(s.proc.pid) - base) / n
             for c in conns:
                 c.send(frame(BINARY, z, rsv=0b100))
