@@ -190,6 +190,27 @@ def test_app_extension_header_is_sent_after_skirrs(server):
         assert ext_header(resp) == ["x-app"]
 
 
+def test_context_takeover_option_keeps_the_servers_context():
+    with skirr("apps.ws_app:app", "--no-access-log", "--ws-deflate-context-takeover", "1") as s:
+        with WsConn(s.port) as c:
+            resp = c.handshake("/echo", extra=OFFER.format("permessage-deflate"))
+            assert ext_header(resp) == ["permessage-deflate"]
+            dec = zlib.decompressobj(wbits=-15)
+            msg = json.dumps({"user": "ada", "text": "hello " * 20}).encode()
+            sizes = []
+            for _ in range(3):
+                c.send(frame(TEXT, msg))
+                op, _, p = c.read_frame()
+                assert op == TEXT and dec.decompress(p + b"\x00\x00\xff\xff") == msg
+                sizes.append(len(p))
+            # Repeats refer back to the first message.
+            assert sizes[1] < sizes[0] and sizes[2] < sizes[0], sizes
+        with WsConn(s.port) as c:
+            # A client that asks for server_no_context_takeover gets it.
+            resp = c.handshake("/echo", extra=OFFER.format("permessage-deflate; server_no_context_takeover"))
+            assert ext_header(resp) == [SNCT]
+
+
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_option_off_declines(how):
     if how == "env":

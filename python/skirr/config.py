@@ -350,6 +350,12 @@ OPTIONS: tuple[Option, ...] = (
         "WebSocket messages shorter than this are sent uncompressed (bytes)",
     ),
     Option(
+        "ws_deflate_context_takeover",
+        False,
+        _bool,
+        "keep a compressor per WebSocket (better ratio for similar messages, ~200 KiB more per connection)",
+    ),
+    Option(
         "limit_request_line",
         4094,
         _nonneg_int,

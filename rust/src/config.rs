@@ -111,6 +111,10 @@ pub struct Config {
     pub ws_deflate_window_bits: u8,
     /// Messages shorter than this (bytes) are sent uncompressed. Default 64.
     pub ws_deflate_min_size: usize,
+    /// Keep a compressor per WebSocket (context takeover) when the client
+    /// allows it: smaller messages on the wire, ~200 KiB more memory per
+    /// compressed connection. Default off (one compressor per thread).
+    pub ws_deflate_context_takeover: bool,
     /// Request line and header field size limits (414, 431); see
     /// [`Limits`]. Gunicorn's `limit_request_line` (4094) and
     /// `limit_request_field_size` (8190).
@@ -334,6 +338,7 @@ impl Default for Config {
             ws_per_message_deflate: true,
             ws_deflate_window_bits: 12,
             ws_deflate_min_size: 64,
+            ws_deflate_context_takeover: false,
             limits: Limits::default(),
             limit_request_fields: 100,
             max_head_size: 64 * 1024,
@@ -474,6 +479,7 @@ impl Config {
                     c.ws_deflate_window_bits = count::<u8>(&v, key)?.clamp(9, 15)
                 }
                 "ws_deflate_min_size" => c.ws_deflate_min_size = count(&v, key)?,
+                "ws_deflate_context_takeover" => c.ws_deflate_context_takeover = v.extract()?,
                 "limit_request_line" => c.limits.request_line = count(&v, key)?,
                 "limit_request_field_size" => c.limits.field_size = count(&v, key)?,
                 "limit_request_fields" => c.limit_request_fields = count(&v, key)?,

@@ -59,7 +59,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(v) = HeaderValue::from_bytes(rest) {
         let mut h = HeaderMap::new();
         h.insert(http::header::SEC_WEBSOCKET_EXTENSIONS, v);
-        if let Some((a, header)) = negotiate(&h, DeflateConfig { window_bits: 12 }) {
+        if let Some((a, header)) = negotiate(&h, DeflateConfig {
+                window_bits: 12,
+                context_takeover: split & 1 == 0,
+            }) {
             assert!(header.starts_with("permessage-deflate"));
             assert!((8..=15).contains(&a.server_max_window_bits));
             assert!((8..=15).contains(&a.client_max_window_bits));

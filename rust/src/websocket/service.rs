@@ -145,6 +145,7 @@ async fn decide(
             &parts.headers,
             ws_extension::DeflateConfig {
                 window_bits: shared.config.ws_deflate_window_bits,
+                context_takeover: shared.config.ws_deflate_context_takeover,
             },
         )
     } else {
