@@ -32,7 +32,7 @@ NOT_APPLICABLE: dict[str, str] = {
     "permit_obsolete_folding": "obs-fold is always rejected with 400 (RFC 9112 §5.2)",
     "strip_header_spaces": "whitespace before a header colon is always rejected with 400",
     "permit_unconventional_http_method": "any valid token method is passed to the app",
-    "permit_unconventional_http_version": "only HTTP/1.0 and HTTP/1.1 are served",
+    "permit_unconventional_http_version": "only HTTP/1.0, HTTP/1.1 and (with http_protocols) HTTP/2 are served",
     "casefold_http_method": "methods are passed to the app as sent",
     "header_map": "ASGI headers keep their names; nothing is mapped to environ keys",
     "uwsgi_allow_ips": "the uwsgi protocol is not served",

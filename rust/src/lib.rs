@@ -77,6 +77,7 @@ fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StartupFailed", py.get_type::<errors::StartupFailed>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(pyo3::wrap_pyfunction!(metrics_table, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(config::effective_config, m)?)?;
     Ok(())
 }
 

@@ -16,8 +16,9 @@ use tokio::sync::oneshot;
 use crate::bridge::awaitable::ready;
 use crate::bridge::context::{resolve, AppContext};
 use crate::bridge::names::names;
+use crate::bridge::owner::Owner;
 use crate::bridge::queue::Event;
-use crate::bridge::task::{call_app, Owner};
+use crate::bridge::start::call_app;
 use crate::bridge::waiter::Waiter;
 use crate::config::LifespanMode;
 use crate::http::message::{is, message_type};
@@ -195,7 +196,7 @@ pub(crate) fn handle(
                 let send = b.getattr(pyo3::intern!(py, "send"))?;
                 let started = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])
                     .and_then(|coro| {
-                        crate::bridge::task::start(
+                        crate::bridge::start::start(
                             py,
                             ctx,
                             coro,

@@ -14,52 +14,41 @@
 //! `CancelledError` is re-raised so the task ends cancelled.
 //!
 //! Selected by `--tasks asyncio`, or for a request that starts while the
-//! loop has a task factory (see [`crate::bridge::task::start`]).
-
-use std::sync::Arc;
+//! loop has a task factory (see [`crate::bridge::start::start`]).
 
 use parking_lot::Mutex;
 use pyo3::exceptions::PyStopIteration;
-use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 
-use crate::bridge::context::AppContext;
-use crate::bridge::slots::AwaitStep;
-use crate::bridge::task::{asyncio, Owner};
+use crate::bridge::awaitable::AwaitStep;
+use crate::bridge::coro::{AppCoro, Step};
 
 /// The app's coroutine as the asyncio task sees it. See the module docs.
 #[pyclass(frozen, module = "skirr._skirr", name = "AppCall")]
 pub(crate) struct AppCall {
-    coro: Py<PyAny>,
-    owner: Owner,
-    ctx: Arc<AppContext>,
+    /// The app's coroutine, its owner and the app context.
+    app: AppCoro,
     /// The asyncio task running it (for shutdown's cancellation registry).
     task: Mutex<Option<Py<PyAny>>>,
     finished: Mutex<bool>,
 }
 
 impl AppCall {
-    /// Creates the task for `coro` with `loop.create_task()`.
+    /// Creates the task for `app` with `loop.create_task()`.
     ///
     /// Errors: whatever `create_task` (or the app's task factory) raises.
-    pub(crate) fn start(
-        py: Python<'_>,
-        ctx: &Arc<AppContext>,
-        coro: Bound<'_, PyAny>,
-        owner: Owner,
-    ) -> PyResult<()> {
+    pub(crate) fn start(py: Python<'_>, app: AppCoro) -> PyResult<()> {
         let call = Bound::new(
             py,
             AppCall {
-                coro: coro.unbind(),
-                owner,
-                ctx: Arc::clone(ctx),
+                app,
                 task: Mutex::new(None),
                 finished: Mutex::new(false),
             },
         )?;
+        let ctx = &call.get().app.ctx;
         let task = ctx
             .event_loop
             .bind(py)
@@ -82,60 +71,21 @@ impl AppCall {
     ) -> AwaitStep {
         let py = slf.py();
         let this = slf.get();
-        let coro = this.coro.bind(py);
-        let outcome = match exc {
-            None => {
-                let none = py.None();
-                let arg = value.map_or(none.as_ptr(), |v| v.as_ptr());
-                let mut result: *mut ffi::PyObject = std::ptr::null_mut();
-                // SAFETY: attached; `coro` is a live object; `result`
-                // receives a new reference or NULL with an error set.
-                let status = unsafe { ffi::PyIter_Send(coro.as_ptr(), arg, &mut result) };
-                match status {
-                    // SAFETY: PYGEN_NEXT gives a new, non-NULL reference.
-                    ffi::PySendResult::PYGEN_NEXT => {
-                        Ok(Some(unsafe { Bound::from_owned_ptr(py, result) }))
-                    }
-                    ffi::PySendResult::PYGEN_RETURN => {
-                        if !result.is_null() {
-                            // SAFETY: the return value is a new reference.
-                            drop(unsafe { Bound::from_owned_ptr(py, result) });
-                        }
-                        Ok(None)
-                    }
-                    ffi::PySendResult::PYGEN_ERROR => Err(PyErr::fetch(py)),
-                }
-            }
-            Some(e) => match coro.call_method1(pyo3::intern!(py, "throw"), (e,)) {
-                Ok(v) => Ok(Some(v)),
-                Err(e) if e.is_instance_of::<PyStopIteration>(py) => Ok(None),
-                Err(e) => Err(e),
-            },
-        };
-        match outcome {
-            Ok(Some(yielded)) => {
-                this.owner.on_suspend(py);
+        match this.app.step(py, value, exc) {
+            Step::Yielded(yielded) => {
+                this.app.owner.on_suspend(py);
                 AwaitStep::Yield(yielded.unbind())
             }
-            Ok(None) => {
+            Step::Returned => {
                 this.end(slf);
-                this.owner.on_return(py);
+                this.app.owner.on_return(py);
                 AwaitStep::Return(None)
             }
-            Err(err) => {
+            Step::Raised(err) => {
                 this.end(slf);
-                let cancelled = asyncio(py)
-                    .map(|a| err.is_instance(py, a.cancelled_error.bind(py)))
-                    .unwrap_or(false);
-                let by_server = this.ctx.cancelling_all();
-                if cancelled && (by_server || matches!(this.owner, Owner::Lifespan(_))) {
-                    this.owner.on_cancel(py);
-                    // The task ends cancelled, as asyncio expects.
-                    return AwaitStep::Raise(err);
-                }
-                let reraise = cancelled.then(|| err.clone_ref(py));
-                this.owner.on_error(py, err);
-                match reraise {
+                // A cancellation ends the task cancelled, as asyncio
+                // expects; any other exception stops here.
+                match this.app.raised(py, err) {
                     Some(e) => AwaitStep::Raise(e),
                     None => AwaitStep::Return(None),
                 }
@@ -146,7 +96,7 @@ impl AppCall {
     fn end(&self, slf: &Bound<'_, AppCall>) {
         *self.finished.lock() = true;
         if self.task.lock().take().is_some() {
-            self.ctx.tasks.lock().remove(&(slf.as_ptr() as usize));
+            self.app.ctx.tasks.lock().remove(&(slf.as_ptr() as usize));
         }
     }
 }
@@ -187,7 +137,8 @@ impl AppCall {
 
     /// `coroutine.close()`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.coro
+        self.app
+            .coro
             .bind(py)
             .call_method0(pyo3::intern!(py, "close"))?;
         Ok(())
@@ -204,18 +155,19 @@ impl AppCall {
     /// The app coroutine's name, for task reprs and instrumentation.
     #[getter(__name__)]
     fn name(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        Ok(self.coro.bind(py).getattr("__name__")?.unbind())
+        Ok(self.app.coro.bind(py).getattr("__name__")?.unbind())
     }
 
     #[getter(__qualname__)]
     fn qualname(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        Ok(self.coro.bind(py).getattr("__qualname__")?.unbind())
+        Ok(self.app.coro.bind(py).getattr("__qualname__")?.unbind())
     }
 
     /// The app's own coroutine frame (`Task.get_stack` and debuggers).
     #[getter]
     fn cr_frame(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.coro
+        self.app
+            .coro
             .bind(py)
             .getattr("cr_frame")
             .ok()
@@ -224,7 +176,8 @@ impl AppCall {
 
     #[getter]
     fn cr_running(&self, py: Python<'_>) -> bool {
-        self.coro
+        self.app
+            .coro
             .bind(py)
             .getattr("cr_running")
             .and_then(|v| v.is_truthy())
@@ -233,7 +186,8 @@ impl AppCall {
 
     #[getter]
     fn cr_await(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.coro
+        self.app
+            .coro
             .bind(py)
             .getattr("cr_await")
             .ok()
@@ -242,7 +196,8 @@ impl AppCall {
 
     #[getter]
     fn cr_code(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.coro
+        self.app
+            .coro
             .bind(py)
             .getattr("cr_code")
             .ok()
@@ -252,7 +207,8 @@ impl AppCall {
     fn __repr__(&self, py: Python<'_>) -> String {
         format!(
             "<skirr AppCall {}>",
-            self.coro
+            self.app
+                .coro
                 .bind(py)
                 .repr()
                 .map(|r| r.to_string())
@@ -261,8 +217,7 @@ impl AppCall {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.coro)?;
-        visit.call(self.owner.as_any())?;
+        self.app.traverse(&visit)?;
         if let Some(t) = &*self.task.lock() {
             visit.call(t)?;
         }

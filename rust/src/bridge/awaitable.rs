@@ -9,6 +9,17 @@ use parking_lot::Mutex;
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 
+/// What one step of `await obj` produces (for Skirr's awaitables, whose
+/// C slots answer the interpreter directly, see `bridge::slots`; and for
+/// [`AppCall`](crate::bridge::app_call::AppCall)'s steps).
+pub(crate) enum AwaitStep {
+    /// Suspend, yielding this object to the task.
+    Yield(Py<PyAny>),
+    /// Done with this value (`None`: the value `None`).
+    Return(Option<Py<PyAny>>),
+    Raise(PyErr),
+}
+
 /// An awaitable that is already complete.
 ///
 /// `await Ready(v)` evaluates to `v` (or `None`) without suspending.
@@ -42,8 +53,8 @@ impl Ready {
 }
 
 impl Ready {
-    pub(crate) fn await_step(&self) -> crate::bridge::slots::AwaitStep {
-        crate::bridge::slots::AwaitStep::Return(self.value.lock().take())
+    pub(crate) fn await_step(&self) -> AwaitStep {
+        AwaitStep::Return(self.value.lock().take())
     }
 }
 

@@ -40,7 +40,7 @@ pub(crate) struct AppContext {
     /// lookup or a method call.
     factory_dict: Option<(Py<PyDict>, Py<PyString>)>,
     /// Set once shutdown cancels the tasks left (see
-    /// [`cancel_all`](crate::bridge::task::cancel_all)).
+    /// [`cancel_all`](crate::bridge::start::cancel_all)).
     pub(crate) cancelling: AtomicBool,
     /// A prebuilt HTTP scope with every key present: copying it and
     /// replacing values never resizes the dict.

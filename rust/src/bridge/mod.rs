@@ -12,16 +12,23 @@
 //!   task's `Waker` to a batch that a single dispatcher task drains. While the
 //!   reader callback runs, wakes are deferred and flushed once at its end.
 //!
-//! The per-request shared state lives in `crate::http::exchange`; the
-//! awaitables handed to applications live in [`awaitable`], and the wrapper
-//! that runs an application coroutine inside an asyncio Task in [`task`].
+//! Application calls start in [`start`] and run in Skirr's own [`task`]
+//! (or, wrapped in an [`app_call`], in an `asyncio.Task`); both drive the
+//! coroutine with [`coro`] and report its steps to its [`owner`]. What
+//! `receive()`/`send()` return is an [`awaitable`] or a [`waiter`], whose C
+//! slots are in [`slots`]. The state a request shares between the two
+//! threads belongs to the protocol that queues it, not to the bridge.
 
 pub(crate) mod app_call;
+pub(crate) mod asyncio;
 pub(crate) mod awaitable;
 pub(crate) mod context;
+pub(crate) mod coro;
 pub(crate) mod names;
+pub(crate) mod owner;
 pub(crate) mod queue;
 pub(crate) mod slots;
+pub(crate) mod start;
 pub(crate) mod task;
 pub(crate) mod waiter;
 pub(crate) mod wake;

@@ -19,17 +19,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-use crate::bridge::awaitable::Ready;
+use crate::bridge::awaitable::{AwaitStep, Ready};
 use crate::bridge::waiter::Waiter;
-
-/// What one step of `await obj` produces.
-pub(crate) enum AwaitStep {
-    /// Suspend, yielding this object to the task.
-    Yield(Py<PyAny>),
-    /// Done with this value (`None`: the value `None`).
-    Return(Option<Py<PyAny>>),
-    Raise(PyErr),
-}
 
 /// The `await` step of a Skirr awaitable at `obj`.
 ///

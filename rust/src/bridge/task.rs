@@ -31,99 +31,17 @@
 //!   closes the connection if the response had started. The exception stops
 //!   here: no "exception was never retrieved" noise and no dead worker.
 
-use std::ptr;
-use std::sync::Arc;
-
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::PyTraverseError;
 
-use crate::bridge::context::AppContext;
+use crate::bridge::asyncio::asyncio;
+use crate::bridge::coro::{AppCoro, Step};
 use crate::bridge::waiter::{Waiter, IN_STEP};
-use crate::http::protocol::HttpProtocol;
-use crate::lifespan::LifespanProtocol;
-use crate::websocket::protocol::WebSocketProtocol;
-
-/// Who gets told about the coroutine's steps.
-pub(crate) enum Owner {
-    Http(Py<HttpProtocol>),
-    WebSocket(Py<WebSocketProtocol>),
-    Lifespan(Py<LifespanProtocol>),
-}
-
-impl Owner {
-    pub(crate) fn on_suspend(&self, py: Python<'_>) {
-        if let Owner::Http(p) = self {
-            p.get().on_suspend(py);
-        }
-    }
-
-    pub(crate) fn on_return(&self, py: Python<'_>) {
-        match self {
-            Owner::Http(p) => p.get().on_return(py),
-            Owner::WebSocket(p) => p.get().on_return(py),
-            Owner::Lifespan(p) => p.get().on_return(py),
-        }
-    }
-
-    pub(crate) fn on_error(&self, py: Python<'_>, err: PyErr) {
-        match self {
-            Owner::Http(p) => p.get().on_error(py, err),
-            Owner::WebSocket(p) => p.get().on_error(py, err),
-            Owner::Lifespan(p) => p.get().on_error(py, err),
-        }
-    }
-
-    /// The task was cancelled (at shutdown, or by the app itself): not an
-    /// application error, so no traceback at ERROR level.
-    pub(crate) fn on_cancel(&self, py: Python<'_>) {
-        match self {
-            Owner::Http(p) => p.get().on_cancel(py),
-            Owner::WebSocket(p) => p.get().on_cancel(py),
-            Owner::Lifespan(p) => p.get().on_return(py),
-        }
-    }
-
-    pub(crate) fn as_any(&self) -> &Py<PyAny> {
-        match self {
-            Owner::Http(p) => p.as_any(),
-            Owner::WebSocket(p) => p.as_any(),
-            Owner::Lifespan(p) => p.as_any(),
-        }
-    }
-}
-
-/// Python objects the task module needs, looked up once.
-pub(crate) struct Asyncio {
-    enter_task: Py<PyAny>,
-    leave_task: Py<PyAny>,
-    register_task: Py<PyAny>,
-    unregister_task: Py<PyAny>,
-    pub(crate) cancelled_error: Py<PyAny>,
-    pub(crate) invalid_state: Py<PyAny>,
-}
-
-static ASYNCIO: PyOnceLock<Asyncio> = PyOnceLock::new();
-
-pub(crate) fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
-    ASYNCIO.get_or_try_init(py, || {
-        let tasks = py.import("asyncio.tasks")?;
-        let exc = py.import("asyncio.exceptions")?;
-        Ok(Asyncio {
-            enter_task: tasks.getattr("_enter_task")?.unbind(),
-            leave_task: tasks.getattr("_leave_task")?.unbind(),
-            register_task: tasks.getattr("_register_task")?.unbind(),
-            unregister_task: tasks.getattr("_unregister_task")?.unbind(),
-            cancelled_error: exc.getattr("CancelledError")?.unbind(),
-            invalid_state: exc.getattr("InvalidStateError")?.unbind(),
-        })
-    })
-}
 
 #[derive(Default)]
 struct TaskState {
@@ -140,13 +58,6 @@ struct TaskState {
     registered: bool,
 }
 
-/// What one step of the coroutine produced.
-enum Step {
-    Yielded(Py<PyAny>),
-    Returned,
-    Raised(PyErr),
-}
-
 /// An application coroutine driven like an `asyncio.Task`. See the module
 /// docs.
 #[pyclass(
@@ -157,34 +68,26 @@ enum Step {
     name = "Task"
 )]
 pub(crate) struct Task {
-    coro: Py<PyAny>,
-    owner: Owner,
-    ctx: Arc<AppContext>,
+    /// The coroutine, its owner and the app context.
+    app: AppCoro,
     /// The task's `contextvars.Context`.
     context: Py<PyAny>,
     st: Mutex<TaskState>,
 }
 
 impl Task {
-    /// Creates the task for `coro` and runs its first step now.
+    /// Creates the task for `app` (its coroutine an iterator `PyIter_Send`
+    /// drives, see [`awaitable_iterator`](crate::bridge::coro::awaitable_iterator))
+    /// and runs its first step now.
     ///
-    /// Errors: `TypeError` if `coro` cannot be driven (not a coroutine or
-    /// awaitable), or the error raised while preparing the first step.
-    pub(crate) fn start(
-        py: Python<'_>,
-        ctx: &Arc<AppContext>,
-        coro: Bound<'_, PyAny>,
-        owner: Owner,
-    ) -> PyResult<()> {
-        let coro = awaitable_iterator(coro)?;
+    /// Errors: the error raised while preparing the first step.
+    pub(crate) fn start(py: Python<'_>, app: AppCoro) -> PyResult<()> {
         // SAFETY: attached; returns a new reference or NULL with an error.
         let context = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_CopyCurrent())? };
         let task = Bound::new(
             py,
             Task {
-                coro: coro.unbind(),
-                owner,
-                ctx: Arc::clone(ctx),
+                app,
                 context: context.unbind(),
                 st: Mutex::new(TaskState::default()),
             },
@@ -235,15 +138,17 @@ impl Task {
                 return Err(PyErr::fetch(py));
             }
         }
-        let loop_ = this.ctx.event_loop.bind(py);
+        let loop_ = this.app.ctx.event_loop.bind(py);
         let entered = aio.enter_task.bind(py).call1((loop_, slf));
         let outcome = match entered {
             Ok(_) => {
                 let was = IN_STEP.with(|f| f.replace(true));
-                let outcome = this.run_coro(py, exc);
+                let exc = exc.map(|e| e.into_value(py).into_bound(py).into_any());
+                let outcome = this.app.step(py, None, exc);
                 IN_STEP.with(|f| f.set(was));
                 if let Err(e) = aio.leave_task.bind(py).call1((loop_, slf)) {
-                    this.ctx
+                    this.app
+                        .ctx
                         .log_error(py, "asyncio _leave_task failed", Some(&e));
                 }
                 outcome
@@ -259,40 +164,8 @@ impl Task {
         Task::handle(slf, outcome)
     }
 
-    fn run_coro(&self, py: Python<'_>, exc: Option<PyErr>) -> Step {
-        let coro = self.coro.bind(py);
-        match exc {
-            None => {
-                let mut result: *mut ffi::PyObject = ptr::null_mut();
-                // SAFETY: attached; `coro` is a live iterator; `result`
-                // receives a new reference (or NULL with an error set).
-                let status =
-                    unsafe { ffi::PyIter_Send(coro.as_ptr(), ffi::Py_None(), &mut result) };
-                match status {
-                    ffi::PySendResult::PYGEN_NEXT => {
-                        // SAFETY: PYGEN_NEXT gives a new, non-NULL reference.
-                        Step::Yielded(unsafe { Bound::from_owned_ptr(py, result) }.unbind())
-                    }
-                    ffi::PySendResult::PYGEN_RETURN => {
-                        if !result.is_null() {
-                            // SAFETY: the return value is a new reference.
-                            drop(unsafe { Bound::from_owned_ptr(py, result) });
-                        }
-                        Step::Returned
-                    }
-                    ffi::PySendResult::PYGEN_ERROR => Step::Raised(PyErr::fetch(py)),
-                }
-            }
-            Some(e) => match coro.call_method1(pyo3::intern!(py, "throw"), (e.into_value(py),)) {
-                Ok(v) => Step::Yielded(v.unbind()),
-                Err(e) if e.is_instance_of::<PyStopIteration>(py) => Step::Returned,
-                Err(e) => Step::Raised(e),
-            },
-        }
-    }
-
     /// Acts on a step's outcome (`Task.__step_run_and_handle_result`).
-    fn handle(slf: &Bound<'_, Task>, outcome: Step) -> PyResult<()> {
+    fn handle(slf: &Bound<'_, Task>, outcome: Step<'_>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
         match outcome {
@@ -302,46 +175,44 @@ impl Task {
                     std::mem::take(&mut st.must_cancel)
                 };
                 if cancel {
-                    this.owner.on_cancel(py);
+                    this.app.owner.on_cancel(py);
                 } else {
-                    this.owner.on_return(py);
+                    this.app.owner.on_return(py);
                 }
                 Task::finish(slf, cancel)
             }
             Step::Raised(err) => {
-                let cancelled = err.is_instance(py, asyncio(py)?.cancelled_error.bind(py));
-                let by_server = this.ctx.cancelling_all();
-                if cancelled && (by_server || matches!(this.owner, Owner::Lifespan(_))) {
-                    this.owner.on_cancel(py);
-                } else {
-                    // A CancelledError escaping the app that the server did
-                    // not cause (another task cancelled the handler) is an
-                    // application error, logged as uvicorn logs it.
-                    this.owner.on_error(py, err);
-                }
+                let cancelled = this.app.raised(py, err).is_some();
                 Task::finish(slf, cancelled)
             }
             Step::Yielded(value) => {
-                this.owner.on_suspend(py);
-                Task::suspend(slf, value.into_bound(py))
+                this.app.owner.on_suspend(py);
+                Task::suspend(slf, value)
             }
         }
     }
 
-    /// Resumes a task whose [`Waiter`] completed, now (the caller is the
-    /// loop's reader callback, outside any task step).
-    pub(crate) fn resume(slf: &Bound<'_, Task>) -> PyResult<()> {
-        Task::step(slf, None, true)
+    /// The [`Resume`](crate::bridge::waiter::Resume) hook a task leaves in the [`Waiter`] it waits on:
+    /// steps the task `now` (the caller is the loop's reader callback,
+    /// outside any task step), or on the next loop iteration.
+    fn resume(task: &Bound<'_, PyAny>, now: bool) -> PyResult<()> {
+        let task = task.cast::<Task>()?;
+        if now {
+            Task::step(task, None, true)
+        } else {
+            Task::schedule(task)
+        }
     }
 
     /// Resumes a task on the next loop iteration, in its context.
-    pub(crate) fn schedule(slf: &Bound<'_, Task>) -> PyResult<()> {
+    fn schedule(slf: &Bound<'_, Task>) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
         let kwargs = PyDict::new(py);
         kwargs.set_item(pyo3::intern!(py, "context"), this.context.bind(py))?;
         let step = slf.getattr(pyo3::intern!(py, "_step"))?;
-        this.ctx
+        this.app
+            .ctx
             .event_loop
             .bind(py)
             .call_method("call_soon", (step,), Some(&kwargs))?;
@@ -357,7 +228,9 @@ impl Task {
         if let Ok(waiter) = value.cast::<Waiter>() {
             // The shortcut: the waiter steps this task when it completes.
             if waiter.get().is_pending() {
-                waiter.get().attach(slf.clone().unbind());
+                waiter
+                    .get()
+                    .attach(slf.clone().into_any().unbind(), Task::resume);
                 let must_cancel = {
                     let mut st = this.st.lock();
                     st.fut_waiter = Some(value.clone().unbind());
@@ -386,7 +259,8 @@ impl Task {
         if value.is_none() {
             // Bare yield: relinquish control for one loop iteration.
             let step = slf.getattr(pyo3::intern!(py, "_step"))?;
-            this.ctx
+            this.app
+                .ctx
                 .event_loop
                 .bind(py)
                 .call_method("call_soon", (step,), Some(&kwargs))?;
@@ -431,7 +305,7 @@ impl Task {
         };
         // As CPython: deliver the error into the coroutine on the next step.
         let step = slf.getattr(pyo3::intern!(py, "_step"))?;
-        this.ctx.event_loop.bind(py).call_method(
+        this.app.ctx.event_loop.bind(py).call_method(
             "call_soon",
             (step, err.into_value(py)),
             Some(&kwargs),
@@ -454,7 +328,7 @@ impl Task {
             )
         };
         if registered {
-            this.ctx.tasks.lock().remove(&(slf.as_ptr() as usize));
+            this.app.ctx.tasks.lock().remove(&(slf.as_ptr() as usize));
             let _ = asyncio(py)?.unregister_task.bind(py).call1((slf,));
         }
         for (cb, context) in callbacks {
@@ -462,7 +336,8 @@ impl Task {
             if let Some(c) = context {
                 kwargs.set_item(pyo3::intern!(py, "context"), c)?;
             }
-            this.ctx
+            this.app
+                .ctx
                 .event_loop
                 .bind(py)
                 .call_method("call_soon", (cb, slf), Some(&kwargs))?;
@@ -476,7 +351,8 @@ impl Task {
         if !st.registered {
             st.registered = true;
             drop(st);
-            self.ctx
+            self.app
+                .ctx
                 .tasks
                 .lock()
                 .insert(slf.as_ptr() as usize, slf.clone().into_any().unbind());
@@ -484,33 +360,12 @@ impl Task {
             // third-party task types); only tasks that suspend pay for it.
             if let Ok(aio) = asyncio(slf.py()) {
                 if let Err(e) = aio.register_task.bind(slf.py()).call1((slf,)) {
-                    self.ctx
+                    self.app
+                        .ctx
                         .log_error(slf.py(), "asyncio _register_task failed", Some(&e));
                 }
             }
         }
-    }
-}
-
-/// An iterator that `PyIter_Send` and `throw` can drive: the coroutine
-/// itself, or `obj.__await__()` for another awaitable.
-fn awaitable_iterator(obj: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
-    let py = obj.py();
-    // SAFETY: type slot lookup on a live object while attached.
-    let native = unsafe {
-        let tp = ffi::Py_TYPE(obj.as_ptr());
-        !(*tp).tp_as_async.is_null() && (*(*tp).tp_as_async).am_send.is_some()
-    };
-    if native || obj.hasattr(pyo3::intern!(py, "__next__"))? {
-        return Ok(obj);
-    }
-    match obj.getattr_opt(pyo3::intern!(py, "__await__"))? {
-        Some(await_) => await_.call0(),
-        None => Err(PyTypeError::new_err(format!(
-            "the ASGI application returned {} instead of a coroutine: \
-             is it an `async def` callable taking (scope, receive, send)?",
-            obj.get_type().name()?
-        ))),
     }
 }
 
@@ -623,7 +478,7 @@ impl Task {
             if let Some(c) = context {
                 kwargs.set_item("context", c)?;
             }
-            this.ctx.event_loop.bind(py).call_method(
+            this.app.ctx.event_loop.bind(py).call_method(
                 "call_soon",
                 (callback, slf),
                 Some(&kwargs),
@@ -643,7 +498,7 @@ impl Task {
     }
 
     fn get_coro(&self, py: Python<'_>) -> Py<PyAny> {
-        self.coro.clone_ref(py)
+        self.app.coro.clone_ref(py)
     }
 
     fn get_context(&self, py: Python<'_>) -> Py<PyAny> {
@@ -651,7 +506,7 @@ impl Task {
     }
 
     fn get_loop(&self, py: Python<'_>) -> Py<PyAny> {
-        self.ctx.event_loop.clone_ref(py)
+        self.app.ctx.event_loop.clone_ref(py)
     }
 
     fn get_name(&self, py: Python<'_>) -> Py<PyAny> {
@@ -674,6 +529,7 @@ impl Task {
     fn get_stack(&self, py: Python<'_>, limit: Option<usize>) -> PyResult<Py<PyAny>> {
         let _ = limit;
         let frame = self
+            .app
             .coro
             .bind(py)
             .getattr_opt(pyo3::intern!(py, "cr_frame"))?
@@ -698,12 +554,12 @@ impl Task {
 
     #[getter]
     fn _loop(&self, py: Python<'_>) -> Py<PyAny> {
-        self.ctx.event_loop.clone_ref(py)
+        self.app.ctx.event_loop.clone_ref(py)
     }
 
     #[getter]
     fn _coro(&self, py: Python<'_>) -> Py<PyAny> {
-        self.coro.clone_ref(py)
+        self.app.coro.clone_ref(py)
     }
 
     /// `[(callback, context)]`, as `asyncio.Future._callbacks` (anyio's
@@ -741,6 +597,7 @@ impl Task {
 
     fn __repr__(&self, py: Python<'_>) -> String {
         let coro = self
+            .app
             .coro
             .bind(py)
             .repr()
@@ -755,9 +612,8 @@ impl Task {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.coro)?;
+        self.app.traverse(&visit)?;
         visit.call(&self.context)?;
-        visit.call(self.owner.as_any())?;
         if let Some(st) = self.st.try_lock() {
             visit.call(&st.fut_waiter)?;
             visit.call(&st.cancel_message)?;
@@ -777,45 +633,4 @@ impl Task {
             st.callbacks.clear();
         }
     }
-}
-
-/// Calls `app(scope, receive, send)`.
-///
-/// Errors: whatever the call raises.
-pub(crate) fn call_app<'py>(
-    py: Python<'py>,
-    app: &Bound<'py, PyAny>,
-    args: [Bound<'py, PyAny>; 3],
-) -> PyResult<Bound<'py, PyAny>> {
-    app.call1(PyTuple::new(py, args)?)
-}
-
-/// Cancels every suspended task (at shutdown); returns how many. From now
-/// on a `CancelledError` ending an app call is the server's doing, not an
-/// application error.
-pub(crate) fn cancel_all(py: Python<'_>, ctx: &AppContext) -> usize {
-    ctx.cancelling
-        .store(true, std::sync::atomic::Ordering::Relaxed);
-    let tasks: Vec<Py<PyAny>> = ctx.tasks.lock().values().map(|t| t.clone_ref(py)).collect();
-    let n = tasks.len();
-    for t in tasks {
-        let _ = t.bind(py).call_method0(pyo3::intern!(py, "cancel"));
-    }
-    n
-}
-
-/// Starts an app call: in Skirr's [`Task`], or in an `asyncio.Task` (see
-/// [`AppCall`](crate::bridge::app_call::AppCall)) under `tasks = asyncio`
-/// or while the loop has a task factory (Sentry, OpenTelemetry, aiomonitor
-/// set one to see every task).
-pub(crate) fn start(
-    py: Python<'_>,
-    ctx: &Arc<AppContext>,
-    coro: Bound<'_, PyAny>,
-    owner: Owner,
-) -> PyResult<()> {
-    if ctx.shared.config.asyncio_tasks || ctx.has_task_factory(py) {
-        return crate::bridge::app_call::AppCall::start(py, ctx, coro, owner);
-    }
-    Task::start(py, ctx, coro, owner)
 }

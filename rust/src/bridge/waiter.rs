@@ -6,9 +6,9 @@
 //! `cancel`, `get_loop` …), so any task can await it: an `asyncio.Task`
 //! started by the app or by anyio gets its done-callbacks through
 //! `loop.call_soon`, as with any future. When the awaiting task is a Skirr
-//! [`Task`] — the usual case, the request's own task — there is a shortcut:
-//! the task registers itself in the waiter, and completing the waiter steps
-//! the task directly. Inside the loop's reader callback (where Rust hands a
+//! [`Task`](crate::bridge::task::Task) — the usual case, the request's own
+//! task — there is a shortcut: the task registers itself in the waiter with
+//! a [`Resume`] hook, and completing the waiter steps the task directly. Inside the loop's reader callback (where Rust hands a
 //! batch of messages to the app) that step happens at once: a WebSocket echo
 //! goes from socket to app to socket without an asyncio future, a
 //! `call_soon` handle or an event-loop iteration per message.
@@ -22,7 +22,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::PyTraverseError;
 
-use crate::bridge::task::{asyncio, Task};
+use crate::bridge::asyncio::asyncio;
+use crate::bridge::awaitable::AwaitStep;
 
 thread_local! {
     /// A Skirr task step is running on this thread (waiters completed now
@@ -48,6 +49,13 @@ impl Drop for DrainGuard {
     }
 }
 
+/// How a waiter resumes the Skirr task suspended on it (the task passes
+/// its own function, so the waiter need not know the task's type): `now` is
+/// true inside the loop's reader callback when no task step is running (step
+/// it at once), false otherwise (step it on the next loop iteration).
+/// Errors are printed by the waiter: nobody else could see them.
+pub(crate) type Resume = fn(&Bound<'_, PyAny>, bool) -> PyResult<()>;
+
 enum State {
     Pending,
     Done(Py<PyAny>),
@@ -59,8 +67,9 @@ struct WaiterState {
     state: State,
     /// asyncio's `_asyncio_future_blocking` (set while a task waits on it).
     blocking: bool,
-    /// A Skirr task suspended on this waiter (the shortcut).
-    task: Option<Py<Task>>,
+    /// A Skirr task suspended on this waiter, and how to resume it (the
+    /// shortcut).
+    task: Option<(Py<PyAny>, Resume)>,
     /// `(callback, context)` from `add_done_callback`.
     callbacks: Vec<(Py<PyAny>, Option<Py<PyAny>>)>,
 }
@@ -97,10 +106,10 @@ impl Waiter {
     }
 
     /// A Skirr task waits on this waiter (it yielded it).
-    pub(crate) fn attach(&self, task: Py<Task>) {
+    pub(crate) fn attach(&self, task: Py<PyAny>, resume: Resume) {
         let mut st = self.st.lock();
         st.blocking = false;
-        st.task = Some(task);
+        st.task = Some((task, resume));
     }
 
     /// Completes with a result (`Ok`) or an exception (`Err`); returns
@@ -127,19 +136,14 @@ impl Waiter {
     /// `call_soon`.
     fn wake(
         slf: &Bound<'_, Waiter>,
-        task: Option<Py<Task>>,
+        task: Option<(Py<PyAny>, Resume)>,
         callbacks: Vec<(Py<PyAny>, Option<Py<PyAny>>)>,
     ) {
         let py = slf.py();
         let this = slf.get();
-        if let Some(task) = task {
+        if let Some((task, resume)) = task {
             let inline = IN_DRAIN.with(Cell::get) && !IN_STEP.with(Cell::get);
-            let res = if inline {
-                Task::resume(task.bind(py))
-            } else {
-                Task::schedule(task.bind(py))
-            };
-            if let Err(e) = res {
+            if let Err(e) = resume(task.bind(py), inline) {
                 e.print(py);
             }
         }
@@ -159,8 +163,7 @@ impl Waiter {
     }
 
     /// One step of `await waiter` (see `bridge::slots`).
-    pub(crate) fn await_step(slf: &Bound<'_, Waiter>) -> crate::bridge::slots::AwaitStep {
-        use crate::bridge::slots::AwaitStep;
+    pub(crate) fn await_step(slf: &Bound<'_, Waiter>) -> AwaitStep {
         let this = slf.get();
         {
             let mut st = this.st.lock();
@@ -316,8 +319,8 @@ impl Waiter {
         };
         // A cancel comes from app code (maybe inside a task step): the
         // waiting Skirr task resumes on the next loop iteration.
-        if let Some(t) = task {
-            if let Err(e) = Task::schedule(t.bind(slf.py())) {
+        if let Some((t, resume)) = task {
+            if let Err(e) = resume(t.bind(slf.py()), false) {
                 e.print(slf.py());
             }
         }
@@ -347,7 +350,9 @@ impl Waiter {
                 State::Cancelled(m) => visit.call(m)?,
                 State::Pending => {}
             }
-            visit.call(&st.task)?;
+            if let Some((t, _)) = &st.task {
+                visit.call(t)?;
+            }
             for (cb, c) in &st.callbacks {
                 visit.call(cb)?;
                 visit.call(c)?;

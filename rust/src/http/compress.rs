@@ -27,47 +27,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-/// A content coding Skirr can apply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Coding {
-    Gzip,
-    Zstd,
-    Br,
-}
-
-impl Coding {
-    /// Its token in `Accept-Encoding` / `Content-Encoding`.
-    pub fn token(self) -> &'static str {
-        match self {
-            Coding::Gzip => "gzip",
-            Coding::Zstd => "zstd",
-            Coding::Br => "br",
-        }
-    }
-
-    /// Parses a token of the `compression` option.
-    pub fn parse(s: &str) -> Option<Coding> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "gzip" => Some(Coding::Gzip),
-            "zstd" => Some(Coding::Zstd),
-            "br" => Some(Coding::Br),
-            _ => None,
-        }
-    }
-}
-
-/// The compression settings.
-#[derive(Clone, Debug)]
-pub struct Compression {
-    /// Codings offered, in the server's order of preference (between
-    /// codings the client weighs equally).
-    pub codings: Vec<Coding>,
-    /// Bodies known to be smaller than this (bytes) are sent as they are.
-    /// Default 500.
-    pub min_size: u64,
-    /// `text/event-stream` responses are compressed too. Default off.
-    pub event_stream: bool,
-}
+use crate::config::{Coding, Compression};
 
 /// The coding for a request's `Accept-Encoding`: the enabled coding with
 /// the highest q-value (`*` standing for those not named; q=0 refuses),

@@ -32,7 +32,8 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use crate::bridge::context::AppContext;
-use crate::bridge::task::{call_app, Owner};
+use crate::bridge::owner::Owner;
+use crate::bridge::start::call_app;
 use crate::http::protocol::HttpProtocol;
 use crate::http::service::HttpRequest;
 
@@ -82,7 +83,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;
         let send = b.getattr(pyo3::intern!(py, "send"))?;
         let coro = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])?;
-        crate::bridge::task::start(py, ctx, coro, Owner::Http(proto.clone_ref(py)))
+        crate::bridge::start::start(py, ctx, coro, Owner::Http(proto.clone_ref(py)))
     };
     if let Err(e) = run() {
         proto.get().on_error(py, e);

@@ -424,7 +424,7 @@ impl Server {
     /// Cancels every application task still suspended (at shutdown, on the
     /// asyncio thread); returns how many were cancelled.
     fn cancel_tasks(&self, py: Python<'_>) -> usize {
-        crate::bridge::task::cancel_all(py, &self.ctx)
+        crate::bridge::start::cancel_all(py, &self.ctx)
     }
 
     /// Application tasks suspended and not yet finished.

@@ -19,39 +19,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
+use crate::config::{ClientAuth, TlsSettings};
 use crate::server::connections::Order;
 use crate::server::Shared;
-
-/// Whether clients must present a certificate (Python's `ssl.CERT_*`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClientAuth {
-    /// `CERT_NONE` (0): none is asked for.
-    None,
-    /// `CERT_OPTIONAL` (1): asked for, verified against `ca_certs` if sent.
-    Optional,
-    /// `CERT_REQUIRED` (2): a handshake without a valid one fails.
-    Required,
-}
-
-/// The TLS settings, as paths and names; see [`acceptor`].
-#[derive(Clone, Debug)]
-pub struct TlsSettings {
-    /// PEM certificate chain, leaf first.
-    pub certfile: String,
-    /// PEM private key (PKCS#8, PKCS#1 or SEC1), unencrypted.
-    pub keyfile: String,
-    /// PEM CA certificates for client certificates.
-    pub ca_certs: Option<String>,
-    pub client_auth: ClientAuth,
-    /// Colon-separated cipher suite names (IANA or OpenSSL spelling);
-    /// `None` keeps rustls's defaults.
-    pub ciphers: Option<String>,
-    /// Allowed versions: `"1.2"`, `"1.3"`. Default both.
-    pub versions: Vec<String>,
-    /// ALPN protocols offered, in order of preference (rustls picks the
-    /// first the client also offers).
-    pub alpn: Vec<Vec<u8>>,
-}
 
 /// The `tls` extension's per-connection facts.
 #[derive(Debug, Clone)]
