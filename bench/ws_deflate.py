@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = {
     "skirr": "{py} -m skirr bench.apps:ws_echo --port {port} --no-access-log --lifespan off",
+    "skirr-takeover": "{py} -m skirr bench.apps:ws_echo --port {port} --no-access-log --lifespan off "
+    "--ws-deflate-context-takeover 1",
     "uvicorn": "{py} -m uvicorn bench.apps:ws_echo --port {port} --no-access-log --lifespan off --log-level warning",
 }
 
@@ -89,14 +91,18 @@ async def connection(port: int, n: int, seed: int, totals: dict) -> None:
         )
         w.write(hdr + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(z)))
         totals["up"] += len(hdr) + 4 + len(z)
-        b0, b1 = await r.readexactly(2)
-        ln = b1 & 0x7F
-        extra = 0
-        if ln == 126:
-            ln, extra = struct.unpack("!H", await r.readexactly(2))[0], 2
-        elif ln == 127:
-            ln, extra = struct.unpack("!Q", await r.readexactly(8))[0], 8
-        payload = await r.readexactly(ln)
+        while True:
+            b0, b1 = await r.readexactly(2)
+            ln = b1 & 0x7F
+            extra = 0
+            if ln == 126:
+                ln, extra = struct.unpack("!H", await r.readexactly(2))[0], 2
+            elif ln == 127:
+                ln, extra = struct.unpack("!Q", await r.readexactly(8))[0], 8
+            payload = await r.readexactly(ln)
+            if b0 & 0x0F < 8:
+                break
+            # A keepalive ping (both servers ping every 20 s): not counted.
         totals["down"] += 2 + extra + ln
         got = dec.decompress(payload + b"\x00\x00\xff\xff") if b0 & 0x40 else payload
         assert got == msg
