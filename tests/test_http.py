@@ -167,7 +167,7 @@ def test_keepalive_timeout_closes_idle_connections():
 
 def test_keep_alive_connection_parked_while_idle_still_serves(server):
     # Idle connections are handed back by hyper after 250 ms (see
-    # rust/src/http/conn.rs); the next request must not notice.
+    # rust/src/proto/h1/mod.rs); the next request must not notice.
     with RawConn(server.port) as c:
         for _ in range(3):
             c.send(b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n")

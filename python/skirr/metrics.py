@@ -5,7 +5,7 @@ The process that forks the workers (Gunicorn's master, which constructs each
 :func:`exposition` once: it binds the listener and creates the shared table
 (``skirr._skirr.metrics_table``). Each worker inherits both, claims a slot of
 the table and serves scrapes on the listener from its Tokio runtime (see
-``rust/src/metrics.rs``), so whichever worker accepts a scrape answers for
+``rust/src/metrics/``), so whichever worker accepts a scrape answers for
 all of them.
 """
 

@@ -2,13 +2,40 @@
 //! standalone (`python -m skirr`).
 //!
 //! Each worker process builds, after fork, one Tokio runtime that owns every
-//! socket (HTTP/1.1 by hyper) and one asyncio thread that runs the app; the
-//! [`bridge`] moves work between them in batches. Modules follow the data:
-//! [`server`] (accept, drain, signals) → [`http`] (parse, scope, send) →
-//! [`lifespan`], with [`config`], [`runtime`] and [`logging`] beside them.
-//! [`wire`] holds the checks Skirr adds to hyper's parser; it is the only
-//! module built without the `python` feature (for the fuzz targets).
+//! socket (HTTP/1.1 and HTTP/2 by hyper, WebSockets by tungstenite) and one
+//! asyncio thread that runs the app; the [`bridge`] moves work between them
+//! in batches.
+//!
+//! The modules stand on floors: each uses only the floors below it
+//! (`tests/test_layers.py` checks this, and that no circle of files crosses
+//! a folder):
+//!
+//! ```text
+//! server/     composition root: Server, run, listen, accept, tls, runtime
+//! proto/      wire-protocol drivers: h1/, h2/, ws/ (none uses another),
+//!             mod.rs picks one, dispatch.rs routes a request
+//! websocket/  the ASGI side of a WebSocket (handshake service, protocol)
+//! http/       HTTP semantics shared by every version: connection context,
+//!             service, body, compression, the ASGI HTTP exchange and scope
+//! asgi/       protocol-neutral ASGI: application context, messages, lifespan
+//! worker/     the worker's shared state        logging.rs
+//! bridge/     Tokio <-> asyncio: queue of jobs and wakes, task type
+//! config.rs   options          errors.rs, metrics.rs, wire/ (Python-free)
+//! ```
+//!
+//! The bridge names no protocol: a request reaches the asyncio thread as a
+//! [`Job`](bridge::queue::Job) and news for its waiters as a
+//! [`Wake`](bridge::queue::Wake); an application coroutine's owner is a
+//! [`TaskOwner`](bridge::owner::TaskOwner). A new wire protocol (HTTP/3)
+//! is a new `proto/` folder. [`wire`] holds the checks Skirr adds to
+//! hyper's parser; it is the only module built without the `python` feature
+//! (for the fuzz targets).
 
+// No function over `too-many-lines-threshold` (clippy.toml) lines.
+#![warn(clippy::too_many_lines)]
+
+#[cfg(feature = "python")]
+mod asgi;
 #[cfg(feature = "python")]
 mod bridge;
 #[cfg(feature = "python")]
@@ -18,18 +45,18 @@ mod errors;
 #[cfg(feature = "python")]
 mod http;
 #[cfg(feature = "python")]
-mod lifespan;
-#[cfg(feature = "python")]
 mod logging;
 #[cfg(feature = "python")]
 mod metrics;
 #[cfg(feature = "python")]
-mod runtime;
+mod proto;
 #[cfg(feature = "python")]
 mod server;
 #[cfg(feature = "python")]
 mod websocket;
 pub mod wire;
+#[cfg(feature = "python")]
+mod worker;
 
 // jemalloc keeps each size class in its own slabs: the few long-lived
 // objects of a parked connection do not pin the pages of the 8 KiB hyper

@@ -17,16 +17,9 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 
-use crate::server::Shared;
+use crate::bridge::queue::{LogRecord, PyQueue};
 
-/// One log line for Python's `logging`.
-pub(crate) struct LogRecord {
-    /// A `logging` level: 10 DEBUG, 20 INFO, 30 WARNING, 40 ERROR.
-    pub(crate) level: u8,
-    pub(crate) message: String,
-}
-
-static SINK: RwLock<Option<Arc<Shared>>> = RwLock::new(None);
+static SINK: RwLock<Option<Arc<PyQueue>>> = RwLock::new(None);
 /// Python level threshold; events below it are disabled.
 static THRESHOLD: AtomicU8 = AtomicU8::new(30);
 
@@ -87,8 +80,8 @@ impl Subscriber for PyLogSubscriber {
             level: py_level(event.metadata().level()),
             message,
         };
-        if let Some(shared) = SINK.read().as_ref() {
-            shared.queue.push_log(record);
+        if let Some(queue) = SINK.read().as_ref() {
+            queue.push_log(record);
         } else {
             eprintln!("skirr: {}", record.message);
         }
@@ -99,15 +92,15 @@ impl Subscriber for PyLogSubscriber {
     fn exit(&self, _: &Id) {}
 }
 
-/// Routes this process's Rust log lines to `shared`'s queue, at or above
-/// the given `logging` level.
-pub(crate) fn install(shared: &Arc<Shared>, threshold: u8) {
+/// Routes this process's Rust log lines to `queue`, at or above the given
+/// `logging` level.
+pub(crate) fn install(queue: &Arc<PyQueue>, threshold: u8) {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         let _ = tracing::subscriber::set_global_default(PyLogSubscriber);
     });
     THRESHOLD.store(threshold, Ordering::Relaxed);
-    *SINK.write() = Some(Arc::clone(shared));
+    *SINK.write() = Some(Arc::clone(queue));
 }
 
 /// Stops routing log lines to the queue (the asyncio loop is stopping).

@@ -5,20 +5,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyDict, PyString};
 
-use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
-use crate::server::Shared;
 
-/// Python-side server context.
-pub(crate) struct AppContext {
-    pub(crate) shared: Arc<Shared>,
+/// What the bridge needs of the asyncio side: the loop, the application
+/// callable, the task registry and the error logger. Built once when the
+/// server is created; read only on the asyncio thread (every field but the
+/// flags is a Python object).
+pub(crate) struct LoopCtx {
     /// The ASGI 3 application (ASGI 2 apps are wrapped on the Python side).
     pub(crate) app: Py<PyAny>,
     /// The asyncio loop the apps run on.
@@ -42,94 +41,26 @@ pub(crate) struct AppContext {
     /// Set once shutdown cancels the tasks left (see
     /// [`cancel_all`](crate::bridge::start::cancel_all)).
     pub(crate) cancelling: AtomicBool,
-    /// A prebuilt HTTP scope with every key present: copying it and
-    /// replacing values never resizes the dict.
-    pub(crate) http_template: Py<PyDict>,
-    /// The same for WebSocket scopes.
-    pub(crate) ws_template: Py<PyDict>,
-    /// `scope["extensions"]` of HTTP scopes before `tls`: each request
-    /// gets a shallow copy (one dict copy costs far less than building the
-    /// extensions' dicts anew).
-    pub(crate) http_extensions: Py<PyDict>,
-    /// `http_extensions` plus early hints, for requests whose client can
-    /// receive interim responses (HTTP/1.1, HTTP/2; not HTTP/1.0).
-    pub(crate) interim_extensions: Py<PyDict>,
-    /// The same for WebSocket scopes.
-    pub(crate) ws_extensions: Py<PyDict>,
-    /// `scope["asgi"]` for lifespan scopes.
-    pub(crate) asgi_lifespan: Py<PyDict>,
-    /// The lifespan state namespace; each request gets a shallow copy.
-    pub(crate) state: Py<PyDict>,
-    /// `root_path`, as `str` and as the prefix of `raw_path`.
-    pub(crate) root_path: String,
     /// The error logger (`logging.Logger`).
     pub(crate) error_log: Py<PyAny>,
-    /// `access(scope, status, headers, size, seconds)` or `None`.
-    pub(crate) access_log: Option<Py<PyAny>>,
-    /// Reopens log files (SIGUSR1), or `None`.
-    pub(crate) reopen_logs: Option<Py<PyAny>>,
     /// Keys of the warnings already logged once (app locations: bounded by
     /// the app's code, not by traffic).
     warned: Mutex<HashSet<String>>,
+    /// Every application coroutine runs as an asyncio task
+    /// (`asyncio_tasks`), not as a Skirr task.
+    pub(crate) asyncio_tasks: bool,
 }
 
-/// The Python-side arguments of [`AppContext::new`].
-pub(crate) struct PyParts {
-    pub(crate) app: Py<PyAny>,
-    pub(crate) event_loop: Py<PyAny>,
-    pub(crate) error_log: Py<PyAny>,
-    pub(crate) access_log: Option<Py<PyAny>>,
-    pub(crate) reopen_logs: Option<Py<PyAny>>,
-}
-
-impl AppContext {
-    pub(crate) fn new(py: Python<'_>, shared: Arc<Shared>, p: PyParts) -> PyResult<Self> {
-        let n = names(py);
-        let lp = p.event_loop.bind(py);
-        let asgi_http = PyDict::new(py);
-        asgi_http.set_item(n.version.bind(py), "3.0")?;
-        asgi_http.set_item(n.spec_version.bind(py), "2.5")?;
-        let asgi_lifespan = PyDict::new(py);
-        asgi_lifespan.set_item(n.version.bind(py), "3.0")?;
-        asgi_lifespan.set_item(n.spec_version.bind(py), "2.0")?;
-
-        let root_path = shared.config.root_path.clone();
-        let t = PyDict::new(py);
-        let none = py.None();
-        t.set_item(n.type_.bind(py), n.http.bind(py))?;
-        t.set_item(n.asgi.bind(py), asgi_http)?;
-        // The commonest values are in place already: a request that has
-        // them skips the store (see `scope::http_scope`).
-        t.set_item(n.http_version.bind(py), n.v1_1.bind(py))?;
-        t.set_item(n.method.bind(py), n.get.bind(py))?;
-        t.set_item(n.scheme.bind(py), n.http.bind(py))?;
-        for key in [&n.path, &n.raw_path] {
-            t.set_item(key.bind(py), &none)?;
-        }
-        t.set_item(n.query_string.bind(py), PyBytes::new(py, b""))?;
-        t.set_item(n.root_path.bind(py), PyString::new(py, &root_path))?;
-        for key in [&n.headers, &n.client, &n.server, &n.state, &n.extensions] {
-            t.set_item(key.bind(py), &none)?;
-        }
-        let ws_template = t.copy()?;
-        ws_template.set_item(n.type_.bind(py), n.websocket.bind(py))?;
-        ws_template.del_item(n.method.bind(py))?;
-        ws_template.set_item(n.subprotocols.bind(py), &none)?;
-
-        // ASGI path send, zero copy send and HTTP trailers extensions;
-        // WebSocket denial responses. Their values are empty dicts, shared
-        // by every scope.
-        let http_extensions = PyDict::new(py);
-        http_extensions.set_item("http.response.pathsend", PyDict::new(py))?;
-        http_extensions.set_item("http.response.zerocopysend", PyDict::new(py))?;
-        http_extensions.set_item("http.response.trailers", PyDict::new(py))?;
-        // Early hints (`http.response.early_hint`) reach HTTP/1.1 and
-        // HTTP/2 clients, not HTTP/1.0 ones (see `http::interim`).
-        let interim_extensions = http_extensions.copy()?;
-        interim_extensions.set_item("http.response.early_hint", PyDict::new(py))?;
-        let ws_extensions = PyDict::new(py);
-        ws_extensions.set_item("websocket.http.response", PyDict::new(py))?;
-
+impl LoopCtx {
+    /// Errors: the loop's `create_future` failing.
+    pub(crate) fn new(
+        py: Python<'_>,
+        app: Py<PyAny>,
+        event_loop: Py<PyAny>,
+        error_log: Py<PyAny>,
+        asyncio_tasks: bool,
+    ) -> PyResult<Self> {
+        let lp = event_loop.bind(py);
         let factory_dict = lp
             .getattr("__dict__")
             .ok()
@@ -152,30 +83,20 @@ impl AppContext {
         let done = create_future.call0()?;
         done.call_method1("set_result", (py.None(),))?;
         Ok(Self {
-            shared,
-            app: p.app,
-            event_loop: p.event_loop.clone_ref(py),
+            app,
+            event_loop: event_loop.clone_ref(py),
             done: done.unbind(),
             tasks: Mutex::new(HashMap::new()),
             cancelling: AtomicBool::new(false),
             factory_attr: lp.hasattr("_task_factory").unwrap_or(false),
             factory_dict,
-            http_template: t.unbind(),
-            ws_template: ws_template.unbind(),
-            http_extensions: http_extensions.unbind(),
-            interim_extensions: interim_extensions.unbind(),
-            ws_extensions: ws_extensions.unbind(),
-            asgi_lifespan: asgi_lifespan.unbind(),
-            state: PyDict::new(py).unbind(),
-            root_path,
-            error_log: p.error_log,
-            access_log: p.access_log,
-            reopen_logs: p.reopen_logs,
+            error_log,
             warned: Mutex::new(HashSet::new()),
+            asyncio_tasks,
         })
     }
 
-    /// The shared completed awaitable (see [`AppContext::done`]).
+    /// The shared completed awaitable (see [`LoopCtx::done`]).
     pub(crate) fn done<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         Ok(self.done.bind(py).clone())
     }

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 
 use crate::bridge::asyncio::asyncio;
-use crate::bridge::context::AppContext;
+use crate::bridge::context::LoopCtx;
 use crate::bridge::owner::Owner;
 
 /// An application coroutine and who hears about it.
@@ -27,7 +27,7 @@ pub(crate) struct AppCoro {
     /// `throw` accept.
     pub(crate) coro: Py<PyAny>,
     pub(crate) owner: Owner,
-    pub(crate) ctx: Arc<AppContext>,
+    pub(crate) ctx: Arc<LoopCtx>,
 }
 
 /// What one step of the coroutine produced.
@@ -39,7 +39,7 @@ pub(crate) enum Step<'py> {
 }
 
 impl AppCoro {
-    pub(crate) fn new(ctx: &Arc<AppContext>, coro: Bound<'_, PyAny>, owner: Owner) -> Self {
+    pub(crate) fn new(ctx: &Arc<LoopCtx>, coro: Bound<'_, PyAny>, owner: Owner) -> Self {
         AppCoro {
             coro: coro.unbind(),
             owner,
@@ -101,7 +101,7 @@ impl AppCoro {
             .map(|a| err.is_instance(py, a.cancelled_error.bind(py)))
             .unwrap_or(false);
         let by_server = self.ctx.cancelling_all();
-        if cancelled && (by_server || matches!(self.owner, Owner::Lifespan(_))) {
+        if cancelled && (by_server || self.owner.quiet_cancel()) {
             self.owner.on_cancel(py);
             return Some(err);
         }

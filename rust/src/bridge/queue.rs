@@ -14,12 +14,7 @@ use std::sync::Arc;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use parking_lot::Mutex;
 
-use crate::http::exchange::Exchange;
-use crate::http::service::HttpRequest;
-use crate::lifespan::LifespanCommand;
-use crate::logging::LogRecord;
-use crate::websocket::service::WsRequest;
-use crate::websocket::shared::WsShared;
+use pyo3::Python;
 
 /// Most log records waiting for the asyncio thread; further records are
 /// counted and reported in one line once the queue drains.
@@ -29,29 +24,57 @@ const MAX_PENDING_LOGS: usize = 1024;
 /// the runtime's next park: it bounds the wait of the first event.
 const FLUSH_AT: usize = 64;
 
+/// One log line for Python's `logging`.
+pub(crate) struct LogRecord {
+    /// A `logging` level: 10 DEBUG, 20 INFO, 30 WARNING, 40 ERROR.
+    pub(crate) level: u8,
+    pub(crate) message: String,
+}
+
+/// Work a protocol hands the asyncio thread: a new request to start, a
+/// lifespan command, an access-log line. It carries its own context, so the
+/// queue names no protocol.
+pub(crate) trait Job: Send {
+    /// Does the work (asyncio thread, from the loop's reader callback).
+    fn run(self: Box<Self>, py: Python<'_>);
+
+    /// Whether this is a request no app call has started for, which the
+    /// loop watchdog answers itself while the loop is stalled (see
+    /// [`PyQueue::take_unstarted`]).
+    fn refusable(&self) -> bool {
+        false
+    }
+
+    /// Answers a [`refusable`](Job::refusable) request without the app
+    /// (a Tokio thread); may queue its access-log line.
+    fn refuse(self: Box<Self>) {}
+}
+
+/// Something with news for Python waiters (an HTTP exchange, a WebSocket):
+/// queued at most once at a time.
+pub(crate) trait Wake: Send + Sync {
+    /// Clears its "queued" mark, before [`wake`](Wake::wake): news that
+    /// arrives meanwhile queues it again.
+    fn unqueue(&self);
+
+    /// Hands the news to the waiters (asyncio thread).
+    fn wake(self: Arc<Self>, py: Python<'_>);
+}
+
 /// Work for the asyncio thread.
 pub(crate) enum Event {
-    /// A new HTTP request: build its scope and start the application.
-    Http(Box<HttpRequest>),
-    /// An exchange has news for a Python waiter (body data, space for a
-    /// response chunk, or the client went away).
-    Wake(Arc<Exchange>),
-    /// A WebSocket handshake: build its scope and start the application.
-    WebSocket(Box<WsRequest>),
-    /// A WebSocket has news for a Python waiter.
-    WsWake(Arc<WsShared>),
-    /// Start or stop the lifespan protocol.
-    Lifespan(LifespanCommand),
-    /// The server answered a request before the app saw it (400, 408, 413,
-    /// 414, 431, 503): its access-log line.
-    Access(Box<HttpRequest>, u16, u64),
+    /// A request to start, a lifespan command, an access-log line.
+    Run(Box<dyn Job>),
+    /// An exchange or a WebSocket has news for a Python waiter (body data,
+    /// space for a response chunk, or the client went away).
+    Wake(Arc<dyn Wake>),
     /// A log line from a Tokio thread, to be written through Python logging.
     Log(LogRecord),
     /// Reopen log files (SIGUSR1).
     ReopenLogs,
     /// A signal the app registered with `loop.add_signal_handler` arrived
-    /// (at most one per signal number in the queue: see
-    /// [`Shared::signal_arrived`](crate::server::Shared::signal_arrived)).
+    /// (at most one per signal number in the queue: see the worker's
+    /// signal forwarding).
     Signal(i32),
 }
 
@@ -170,16 +193,15 @@ impl PyQueue {
         self.taken.lock().pop_front()
     }
 
-    /// Moves every HTTP request no app call has started for, queued or in
-    /// the batch being handled, into `out` (the Tokio side, when the loop
-    /// is stalled: the asyncio thread takes each event from under the same
-    /// locks, so a request is either started or taken here, never both).
-    // Boxed as in `Event`: each goes back into the queue as an
-    // `Event::Access` without a new allocation.
-    #[allow(clippy::vec_box)]
-    pub(crate) fn take_unstarted(&self, out: &mut Vec<Box<HttpRequest>>) {
+    /// Moves every [refusable](Job::refusable) job (a request no app call
+    /// has started for), queued or in the batch being handled, into `out`
+    /// (the Tokio side, when the loop is stalled: the asyncio thread takes
+    /// each event from under the same locks, so a request is either started
+    /// or taken here, never both). Boxed as in `Event`: each may go back
+    /// into the queue as its access-log line without a new allocation.
+    pub(crate) fn take_unstarted(&self, out: &mut Vec<Box<dyn Job>>) {
         let mut split = |e: Event, keep: &mut dyn FnMut(Event)| match e {
-            Event::Http(req) => out.push(req),
+            Event::Run(job) if job.refusable() => out.push(job),
             other => keep(other),
         };
         {

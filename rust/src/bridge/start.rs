@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::bridge::app_call::AppCall;
-use crate::bridge::context::AppContext;
+use crate::bridge::context::LoopCtx;
 use crate::bridge::coro::{awaitable_iterator, AppCoro};
 use crate::bridge::owner::Owner;
 use crate::bridge::task::Task;
@@ -30,7 +30,7 @@ pub(crate) fn call_app<'py>(
 /// Cancels every suspended task (at shutdown); returns how many. From now
 /// on a `CancelledError` ending an app call is the server's doing, not an
 /// application error.
-pub(crate) fn cancel_all(py: Python<'_>, ctx: &AppContext) -> usize {
+pub(crate) fn cancel_all(py: Python<'_>, ctx: &LoopCtx) -> usize {
     ctx.cancelling
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let tasks: Vec<Py<PyAny>> = ctx.tasks.lock().values().map(|t| t.clone_ref(py)).collect();
@@ -51,11 +51,11 @@ pub(crate) fn cancel_all(py: Python<'_>, ctx: &AppContext) -> usize {
 /// preparing the first step.
 pub(crate) fn start(
     py: Python<'_>,
-    ctx: &Arc<AppContext>,
+    ctx: &Arc<LoopCtx>,
     coro: Bound<'_, PyAny>,
     owner: Owner,
 ) -> PyResult<()> {
-    if ctx.shared.config.asyncio_tasks || ctx.has_task_factory(py) {
+    if ctx.asyncio_tasks || ctx.has_task_factory(py) {
         return AppCall::start(py, AppCoro::new(ctx, coro, owner));
     }
     Task::start(py, AppCoro::new(ctx, awaitable_iterator(coro)?, owner))

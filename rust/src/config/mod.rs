@@ -155,18 +155,18 @@ pub struct Config {
     pub response_start_timeout: Duration,
     /// The loop watchdog's bound: an asyncio loop that has not turned for
     /// this long counts as stalled, and the worker stops taking work (see
-    /// [`watchdog`](crate::server::watchdog)) until it turns again. Zero
+    /// [`watchdog`](crate::worker::watchdog)) until it turns again. Zero
     /// disables. Default 2 s (`loop_stall_timeout`).
     pub loop_stall_timeout: Duration,
     /// A path the server answers itself (see
-    /// [`health`](crate::server::health)); `None` (the default): off.
+    /// [`health`](crate::worker::health)); `None` (the default): off.
     pub health_path: Option<String>,
     /// On SIGTERM, how long the worker keeps accepting and serving, with
     /// the health path answering 503, before it drains. Must be shorter
     /// than `graceful_timeout`. Default zero.
     pub drain_delay: Duration,
     /// Most HTTP requests in progress per worker; more are answered 503
-    /// (see [`concurrency`](crate::server::concurrency)). 0 (the
+    /// (see [`concurrency`](crate::worker::concurrency)). 0 (the
     /// default): no limit.
     pub limit_concurrency: usize,
     /// Forwarding headers from trusted proxies; `None` ignores them.

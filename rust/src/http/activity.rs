@@ -9,34 +9,11 @@
 //! the timer fires, never per byte.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::Config;
 
-/// `CLOCK_MONOTONIC_COARSE` in milliseconds: read a few times per request,
-/// so the cheapest clock will do (its resolution, a few ms, is far below
-/// any timeout's).
-fn coarse_ms() -> u64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
-        .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
-    ts.tv_sec() as u64 * 1000 + ts.tv_nsec() as u64 / 1_000_000
-}
-
-fn clock_base() -> (Instant, u64) {
-    static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
-    *BASE.get_or_init(|| (Instant::now(), coarse_ms()))
-}
-
-/// Milliseconds on a process-wide monotonic clock, for connection timers.
-pub(crate) fn clock_ms() -> u64 {
-    coarse_ms().saturating_sub(clock_base().1)
-}
-
-/// The Tokio instant of a [`clock_ms`] reading.
-pub(crate) fn deadline_at(ms: u64) -> tokio::time::Instant {
-    tokio::time::Instant::from_std(clock_base().0 + Duration::from_millis(ms))
-}
+pub(crate) use crate::worker::clock::{clock_ms, deadline_at};
 
 fn ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX / 4)) as u64
@@ -355,7 +332,7 @@ impl Activity {
             // A head not complete when the drain began (a new connection's
             // included) gets `grace`, not `header_read_timeout`. An idle
             // keep-alive connection has its own, shorter, drain window
-            // (`http::conn::DRAIN_IDLE`).
+            // (`http::ctx::DRAIN_IDLE`).
             if reading_head || !self.served.load(Ordering::Relaxed) {
                 let by = drain + grace;
                 if now >= by {

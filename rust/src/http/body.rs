@@ -5,15 +5,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE};
-use http::{HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::http::compress::Encoder;
-use crate::http::conn::{BusyGuard, ConnCtx};
+use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::exchange::{Aborted, Exchange, Out};
-use crate::http::service::{check_deadlines, pump_body};
+use crate::http::pump::{check_deadlines, pump_body};
 use crate::http::zerocopy::FileRead;
 
 /// What polling a body yields.
@@ -336,12 +335,7 @@ impl ResponseBody {
         busy.responded(status);
         let mut resp = Response::new(Self::full(Bytes::from_static(reason.as_bytes()), busy));
         *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        resp.headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
+        crate::wire::response::plain_text_fields(resp.headers_mut());
         resp
     }
 }

@@ -17,106 +17,26 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::asgi::context::AppContext;
+use crate::bridge::queue::{Event, Wake};
 use crate::bridge::waiter::Waiter;
-
-use crate::bridge::queue::Event;
-use crate::http::zerocopy::FileSegment;
-use crate::server::Shared;
-
-/// One queued piece of a streamed response body.
-pub(crate) enum Out {
-    /// Bytes from `http.response.body`.
-    Data(Bytes),
-    /// A file region from `http.response.zerocopysend`, read by the Tokio
-    /// side; its bytes count in `out_bytes` until they are read.
-    File(FileSegment),
-}
-
-impl Out {
-    /// Body bytes this piece carries.
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Out::Data(b) => b.len(),
-            Out::File(f) => f.len(),
-        }
-    }
-
-    /// Whether it carries no body bytes.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl From<Bytes> for Out {
-    fn from(b: Bytes) -> Self {
-        Out::Data(b)
-    }
-}
-
-/// How the response body travels.
-pub(crate) enum BodyOut {
-    /// The whole body is known: written with a `Content-Length`.
-    Full(Bytes),
-    /// Chunks follow through the exchange's queue.
-    Stream,
-    /// A file's first `len` bytes (`http.response.pathsend`), read by the
-    /// Tokio side; written with a `Content-Length`.
-    File { file: std::fs::File, len: u64 },
-}
-
-/// A response head ready for the wire.
-pub(crate) struct ResponseHead {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: BodyOut,
-}
-
-impl ResponseHead {
-    /// A plain-text response from the server itself, closing the
-    /// connection (its request body may be unread).
-    pub(crate) fn plain(status: StatusCode, reason: &'static str) -> Self {
-        let mut headers = HeaderMap::with_capacity(2);
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        headers.insert(CONNECTION, HeaderValue::from_static("close"));
-        ResponseHead {
-            status,
-            headers,
-            body: BodyOut::Full(Bytes::from_static(reason.as_bytes())),
-        }
-    }
-}
+pub(crate) use crate::http::response::{Aborted, BodyOut, Out, ResponseHead};
+use crate::worker::Worker;
 
 /// What the service waits for: interim responses come before the head.
 pub(crate) enum Awaited {
     Interim(Vec<(StatusCode, HeaderMap)>),
     Head(ResponseHead),
 }
-
-/// A streamed response ended badly: the connection must be closed rather
-/// than the response terminated as if complete.
-#[derive(Debug)]
-pub(crate) struct Aborted;
-
-impl std::fmt::Display for Aborted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the application did not complete the response")
-    }
-}
-
-impl std::error::Error for Aborted {}
 
 /// Mutable state; see the module docs for who touches what.
 #[derive(Default)]
@@ -233,12 +153,27 @@ impl TrailersWanted {
     }
 }
 
-/// Shared per-request state. See the module docs.
+/// Worker per-request state. See the module docs.
 #[derive(Default)]
 pub(crate) struct Exchange {
     st: Mutex<ExchState>,
     /// Already queued for the asyncio thread's attention.
     queued: AtomicBool,
+    /// The application context its wakes run in (see [`Exchange::attach`]);
+    /// unset for an exchange no app sees (an answer the server made).
+    app: OnceLock<Arc<AppContext>>,
+}
+
+impl Wake for Exchange {
+    fn unqueue(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    fn wake(self: Arc<Self>, py: Python<'_>) {
+        if let Some(ctx) = self.app.get() {
+            crate::http::protocol::on_wake(py, ctx, &self);
+        }
+    }
 }
 
 impl Exchange {
@@ -263,15 +198,18 @@ impl Exchange {
 
     /// Asks the asyncio thread to look at this exchange's waiters, unless it
     /// is already queued.
-    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Shared) {
+    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Worker) {
         if !self.queued.swap(true, Ordering::AcqRel) {
-            shared.queue.push(Event::Wake(Arc::clone(self)));
+            shared
+                .queue
+                .push(Event::Wake(Arc::clone(self) as Arc<dyn Wake>));
         }
     }
 
-    /// Called by the asyncio thread when it takes a `Wake` event.
-    pub(crate) fn unqueue(&self) {
-        self.queued.store(false, Ordering::Release);
+    /// Ties the exchange to the application context its wakes run in (once,
+    /// before its request is queued).
+    pub(crate) fn attach(&self, app: &Arc<AppContext>) {
+        let _ = self.app.set(Arc::clone(app));
     }
 
     // ------------------------------------------------------------ Tokio side
@@ -282,7 +220,7 @@ impl Exchange {
     pub(crate) fn poll_head(
         self: &Arc<Self>,
         cx: &mut Context<'_>,
-        shared: &Shared,
+        shared: &Worker,
     ) -> Poll<Awaited> {
         let mut st = self.st.lock();
         if !st.interim.is_empty() {
@@ -312,7 +250,7 @@ impl Exchange {
                 self.needs_python(shared);
             }
             let mut head = ResponseHead::plain(status, reason);
-            crate::server::watchdog::mark_refusal(reason, &mut head.headers);
+            crate::worker::watchdog::mark_refusal(reason, &mut head.headers);
             return Poll::Ready(Awaited::Head(head));
         }
         register(&mut st.tokio_waker, cx);
@@ -325,7 +263,7 @@ impl Exchange {
     pub(crate) fn poll_chunk(
         self: &Arc<Self>,
         cx: &mut Context<'_>,
-        shared: &Shared,
+        shared: &Worker,
     ) -> Poll<Option<Result<Out, Aborted>>> {
         let mut st = self.st.lock();
         if let Some(chunk) = st.out.pop_front() {
@@ -359,7 +297,7 @@ impl Exchange {
     /// `n` queued body bytes left the queue: handed to hyper (`wired`), or
     /// dropped (a file region that could not be read). Wakes `send()`
     /// callers waiting for room.
-    pub(crate) fn consumed(self: &Arc<Self>, n: usize, wired: bool, shared: &Shared) {
+    pub(crate) fn consumed(self: &Arc<Self>, n: usize, wired: bool, shared: &Worker) {
         let mut st = self.st.lock();
         if take_out(&mut st, n, wired, shared) {
             drop(st);
@@ -381,7 +319,7 @@ impl Exchange {
     }
 
     /// Whether the Tokio side should read more request body now.
-    pub(crate) fn wants_body(&self, shared: &Shared, expect_continue: bool) -> bool {
+    pub(crate) fn wants_body(&self, shared: &Worker, expect_continue: bool) -> bool {
         let st = self.st.lock();
         !st.gone
             && !st.body_end
@@ -391,7 +329,7 @@ impl Exchange {
 
     /// Queues request-body data, split into chunks the app may receive.
     /// A body growing past `max_body_size` rejects the request (413).
-    pub(crate) fn push_body(self: &Arc<Self>, mut data: Bytes, shared: &Shared) {
+    pub(crate) fn push_body(self: &Arc<Self>, mut data: Bytes, shared: &Worker) {
         let max = shared.config.body_chunk_size;
         let mut st = self.st.lock();
         st.body_total += data.len() as u64;
@@ -421,7 +359,7 @@ impl Exchange {
     }
 
     /// The request body is complete.
-    pub(crate) fn end_body(self: &Arc<Self>, shared: &Shared) {
+    pub(crate) fn end_body(self: &Arc<Self>, shared: &Worker) {
         let mut st = self.st.lock();
         st.body_end = true;
         let wake = !st.recv_waiters.is_empty();
@@ -435,7 +373,7 @@ impl Exchange {
     /// close). Wakes a `receive()` waiting past the request's end.
     pub(crate) fn client_eof(
         self: &Arc<Self>,
-        shared: &Shared,
+        shared: &Worker,
         probe: Option<std::sync::Weak<OwnedFd>>,
     ) {
         let mut st = self.st.lock();
@@ -453,7 +391,7 @@ impl Exchange {
 
     /// The client went away (or its connection failed) before the response
     /// was written: wake whatever the app is waiting on.
-    pub(crate) fn mark_gone(self: &Arc<Self>, shared: &Shared) {
+    pub(crate) fn mark_gone(self: &Arc<Self>, shared: &Worker) {
         let mut st = self.st.lock();
         if st.gone {
             return;
@@ -476,7 +414,7 @@ impl Exchange {
     /// after an end of stream) reads that answer, so the app's next
     /// `send()` raises, as uvicorn's does (it treats any end of stream as
     /// the client leaving). Python side.
-    pub(crate) fn gone_now(&self, shared: &Shared) -> bool {
+    pub(crate) fn gone_now(&self, shared: &Worker) -> bool {
         let mut st = self.st.lock();
         if st.gone {
             return true;
@@ -505,7 +443,7 @@ impl Exchange {
         self: &Arc<Self>,
         status: StatusCode,
         reason: &'static str,
-        shared: &Shared,
+        shared: &Worker,
     ) {
         // Tokio side: the waker is woken directly (never through the
         // asyncio-side batch, which needs the GIL: taking it while holding
@@ -527,7 +465,7 @@ impl Exchange {
     // ----------------------------------------------------------- Python side
 
     /// Hands the response head to the Tokio side.
-    pub(crate) fn respond(&self, head: ResponseHead, shared: &Shared) {
+    pub(crate) fn respond(&self, head: ResponseHead, shared: &Worker) {
         let mut st = self.st.lock();
         st.head = Some(head);
         wake_tokio(&mut st, shared);
@@ -541,7 +479,7 @@ impl Exchange {
         &self,
         status: StatusCode,
         headers: HeaderMap,
-        shared: &Shared,
+        shared: &Worker,
     ) -> bool {
         let mut st = self.st.lock();
         st.interim.push((status, headers));
@@ -551,7 +489,7 @@ impl Exchange {
 
     /// Queues a response chunk (`end` marks the last one). Returns whether
     /// the queue is now at or above its limit, i.e. `send()` must wait.
-    pub(crate) fn push_out(&self, chunk: impl Into<Out>, end: bool, shared: &Shared) -> bool {
+    pub(crate) fn push_out(&self, chunk: impl Into<Out>, end: bool, shared: &Worker) -> bool {
         let chunk = chunk.into();
         let mut st = self.st.lock();
         if !chunk.is_empty() {
@@ -566,7 +504,7 @@ impl Exchange {
     }
 
     /// Ends the response with a trailer section.
-    pub(crate) fn push_trailers(&self, trailers: HeaderMap, shared: &Shared) {
+    pub(crate) fn push_trailers(&self, trailers: HeaderMap, shared: &Worker) {
         let mut st = self.st.lock();
         st.out_trailers = Some(trailers);
         st.out_end = true;
@@ -579,7 +517,7 @@ impl Exchange {
     }
 
     /// The app failed mid-stream: the connection will be closed.
-    pub(crate) fn abort(&self, shared: &Shared) {
+    pub(crate) fn abort(&self, shared: &Worker) {
         let mut st = self.st.lock();
         st.out_abort = true;
         wake_tokio(&mut st, shared);
@@ -587,14 +525,14 @@ impl Exchange {
 
     /// Room freed in the request-body buffer, or the app started reading:
     /// let the Tokio side read more.
-    pub(crate) fn resume_body(&self, st: &mut ExchState, shared: &Shared) {
+    pub(crate) fn resume_body(&self, st: &mut ExchState, shared: &Worker) {
         wake_tokio(st, shared);
     }
 }
 
 /// Accounts for `n` bytes leaving the response queue; returns whether
 /// `send()` callers waiting for room must be woken.
-fn take_out(st: &mut ExchState, n: usize, wired: bool, shared: &Shared) -> bool {
+fn take_out(st: &mut ExchState, n: usize, wired: bool, shared: &Worker) -> bool {
     let was_full = st.out_bytes >= shared.config.send_buffer;
     st.out_bytes = st.out_bytes.saturating_sub(n);
     if wired {
@@ -653,7 +591,7 @@ fn peer_reset(fd: &OwnedFd) -> bool {
     matches!(getsockopt(fd, SocketError), Ok(e) if e != 0)
 }
 
-fn wake_tokio(st: &mut ExchState, shared: &Shared) {
+fn wake_tokio(st: &mut ExchState, shared: &Worker) {
     if let Some(w) = st.tokio_waker.take() {
         shared.wakeups.wake(w);
     }
@@ -665,13 +603,16 @@ mod tests {
     use crate::config::Config;
     use std::task::Waker;
 
-    fn shared(body_chunk_size: usize, body_buffer: usize, send_buffer: usize) -> Shared {
-        Shared::new(Config {
-            body_chunk_size,
-            body_buffer,
-            send_buffer,
-            ..Config::default()
-        })
+    fn shared(body_chunk_size: usize, body_buffer: usize, send_buffer: usize) -> Worker {
+        Worker::new(
+            Config {
+                body_chunk_size,
+                body_buffer,
+                send_buffer,
+                ..Config::default()
+            },
+            None,
+        )
         .unwrap()
     }
 

@@ -14,7 +14,7 @@
 //! always precede it.
 //!
 //! On HTTP/2 each interim response is a HEADERS frame (RFC 9113 §8.1) on
-//! the request's stream, whose id [`h2io`](crate::http::h2io) learns; its
+//! the request's stream, whose id [`h2io`](crate::proto::h2::io) learns; its
 //! field block uses only HPACK literals without indexing (RFC 7541 §6.2.2),
 //! which leave the connection's compression state as h2 keeps it.
 
@@ -45,7 +45,7 @@ pub(crate) struct InterimSlot {
     /// Bytes are waiting (a lock-free check for every flush).
     pending: AtomicBool,
     /// HTTP/2: the client shrank its HPACK dynamic table (see
-    /// [`h2io`](crate::http::h2io)); interim responses are dropped on
+    /// [`h2io`](crate::proto::h2::io)); interim responses are dropped on
     /// this connection from then on.
     off: AtomicBool,
     st: Mutex<SlotState>,
@@ -164,7 +164,7 @@ impl InterimSlot {
         let mut st = self.st.lock();
         if self.is_off() && !st.started {
             // HTTP/2, the client shrank its HPACK table since these were
-            // queued: they are whole frames, dropped whole (see `h2io`).
+            // queued: they are whole frames, dropped whole (see `proto::h2::io`).
             st.bytes = Bytes::new();
         }
         while !st.bytes.is_empty() {
@@ -207,7 +207,7 @@ pub(crate) fn encode_h1(responses: &[(StatusCode, HeaderMap)]) -> Bytes {
     out.freeze()
 }
 
-/// HTTP/2 frame types and flags used here and by `h2io` (RFC 9113 §6.2,
+/// HTTP/2 frame types and flags used here and by `proto::h2::io` (RFC 9113 §6.2,
 /// §6.10).
 pub(crate) const HEADERS: u8 = 0x1;
 pub(crate) const CONTINUATION: u8 = 0x9;

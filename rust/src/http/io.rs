@@ -11,7 +11,7 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::http::conn::ConnCtx;
+use crate::http::ctx::ConnCtx;
 use crate::http::headscan::HeadScan;
 
 /// Sockets whose read readiness can be awaited, and read without waiting.
@@ -137,7 +137,7 @@ impl<I> ConnIo<I> {
         if limit == 0 {
             return false;
         }
-        // hyper's buffer (see `Shared::new`); 400 KiB is its default.
+        // hyper's buffer (see `Worker::new`); 400 KiB is its default.
         let buffer = if cfg.max_head_size > 0 {
             cfg.max_head_size.max(8192)
         } else {

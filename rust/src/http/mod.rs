@@ -1,28 +1,27 @@
-//! HTTP/1.1 and HTTP/2 over hyper, bridged to ASGI's HTTP protocol.
+//! HTTP semantics shared by every HTTP version, bridged to ASGI's HTTP
+//! protocol. The wire drivers (`proto::h1`, `proto::h2`) build a
+//! [`ctx::ConnCtx`] per connection (per stream on HTTP/2) and call
+//! [`service::handle`] per request, which knows no wire protocol.
 //!
-//! Two wire drivers share one exchange: [`conn`] drives HTTP/1.1 (and
-//! picks the protocol of a new connection), [`h2conn`] drives HTTP/2; both
-//! call [`service::handle`] per request, which knows no protocol.
-//!
-//! Data flow: [`conn`] accepts bytes and drives hyper → [`service`] turns a
-//! parsed head into an [`service::HttpRequest`] for the asyncio thread →
+//! Data flow: a driver drives hyper → [`service`] checks the head and turns
+//! it into an [`service::HttpRequest`] for the asyncio thread →
 //! [`scope`] builds the scope there, [`protocol`] gives the app `receive` and
 //! `send` → [`message`] validates what it sends → [`exchange`] carries it
 //! back → [`body`] feeds it to hyper, which writes the wire.
 
-pub(crate) mod accept;
+pub(crate) mod access;
 pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod compress;
-pub(crate) mod conn;
+pub(crate) mod ctx;
 pub(crate) mod exchange;
-pub(crate) mod h2conn;
-pub(crate) mod h2io;
 pub(crate) mod headscan;
 pub(crate) mod interim;
 pub(crate) mod io;
 pub(crate) mod message;
 pub(crate) mod protocol;
+pub(crate) mod pump;
+pub(crate) mod response;
 pub(crate) mod scope;
 pub(crate) mod service;
 pub(crate) mod zerocopy;
@@ -31,8 +30,9 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use crate::bridge::context::AppContext;
+use crate::asgi::context::AppContext;
 use crate::bridge::owner::Owner;
+use crate::bridge::queue::{Event, Job};
 use crate::bridge::start::call_app;
 use crate::http::protocol::HttpProtocol;
 use crate::http::service::HttpRequest;
@@ -83,7 +83,7 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;
         let send = b.getattr(pyo3::intern!(py, "send"))?;
         let coro = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])?;
-        crate::bridge::start::start(py, ctx, coro, Owner::Http(proto.clone_ref(py)))
+        crate::bridge::start::start(py, &ctx.loop_ctx, coro, Owner::new(proto.clone_ref(py)))
     };
     if let Err(e) = run() {
         proto.get().on_error(py, e);
@@ -100,7 +100,7 @@ pub(crate) fn log_rejected(
     bytes: u64,
 ) {
     match scope::http_scope(py, ctx, req) {
-        Ok(scope) => protocol::write_access(
+        Ok(scope) => crate::http::access::write_access(
             py,
             ctx,
             &scope.unbind(),
@@ -113,7 +113,29 @@ pub(crate) fn log_rejected(
     }
 }
 
-/// Handles a `Wake` event for an exchange (on the asyncio thread).
-pub(crate) fn wake(py: Python<'_>, ctx: &AppContext, exch: &exchange::Exchange) {
-    protocol::on_wake(py, ctx, exch);
+impl Job for HttpRequest {
+    fn run(self: Box<Self>, py: Python<'_>) {
+        let ctx = Arc::clone(&self.conn.listener.app);
+        match self.rejected {
+            Some((status, bytes)) => log_rejected(py, &ctx, &self, status, bytes),
+            None => start(py, &ctx, self),
+        }
+    }
+
+    fn refusable(&self) -> bool {
+        self.rejected.is_none()
+    }
+
+    fn refuse(mut self: Box<Self>) {
+        use crate::worker::watchdog::REASON;
+        let shared = Arc::clone(&self.conn.shared);
+        shared.metrics.refused(crate::metrics::Limit::LoopStall);
+        self.exch
+            .reject(http::StatusCode::SERVICE_UNAVAILABLE, REASON, &shared);
+        if shared.config.access_log && shared.watchdog.may_log_refusal() {
+            // Logged when the loop runs again (or lost with the worker).
+            self.rejected = Some((503, REASON.len() as u64));
+            shared.queue.push(Event::Run(self));
+        }
+    }
 }

@@ -1,6 +1,12 @@
 //! `receive` and `send` for one HTTP request (ASGI HTTP spec 2.5).
 
 mod body;
+mod diag;
+mod receive;
+
+use diag::{caller_location, caused_by_disconnect};
+pub(crate) use receive::on_wake;
+use receive::{disconnect_message, next_message};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,19 +15,18 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
-use pyo3::ffi;
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyDict;
 
+use crate::asgi::context::AppContext;
 use crate::bridge::awaitable::ready;
-use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
+use crate::bridge::context::{is_done, resolve};
 use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::{BodyOut, ExchState, Exchange, Out, ResponseHead, TrailersWanted};
+use crate::http::access::write_access;
+use crate::http::exchange::{BodyOut, Exchange, Out, ResponseHead, TrailersWanted};
 use crate::http::message::{parse_http_send, HttpSend};
 use crate::http::zerocopy;
-use crate::server::Shared;
 use crate::wire::response::{declared_length, status_allows_body};
 
 /// Where the app is in its response.
@@ -77,126 +82,13 @@ pub(crate) struct HttpProtocol {
     exch: Arc<Exchange>,
     /// The request is `HEAD`: whatever body the app sends is not written.
     head: bool,
-    /// Interim responses can be sent (HTTP/1.1); elsewhere they are
-    /// dropped.
+    /// Interim responses can reach the client (HTTP/1.1, and HTTP/2
+    /// streams whose connection has not turned them off; see
+    /// `ConnCtx::sends_interim`); elsewhere (HTTP/1.0) they are dropped.
     interim: bool,
     ctx: Arc<AppContext>,
     received: Option<Instant>,
     st: Mutex<ProtoState>,
-}
-
-fn request_message<'py>(py: Python<'py>, body: &[u8], more: bool) -> PyResult<Bound<'py, PyAny>> {
-    let n = names(py);
-    let d = PyDict::new(py);
-    d.set_item(n.type_.bind(py), n.http_request.bind(py))?;
-    d.set_item(n.body.bind(py), PyBytes::new(py, body))?;
-    d.set_item(n.more_body.bind(py), more)?;
-    Ok(d.into_any())
-}
-
-fn disconnect_message(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    let n = names(py);
-    let d = PyDict::new(py);
-    d.set_item(n.type_.bind(py), n.http_disconnect.bind(py))?;
-    Ok(d.into_any())
-}
-
-/// The next message `receive()` can deliver right now, if any.
-fn next_message<'py>(
-    py: Python<'py>,
-    exch: &Exchange,
-    ex: &mut ExchState,
-    shared: &Shared,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let cfg = &shared.config;
-    if ex.gone {
-        // The client left (or the request was rejected mid-body): whatever
-        // body is still buffered must not look like a complete request.
-        return disconnect_message(py).map(Some);
-    }
-    if let Some(chunk) = ex.body.pop_front() {
-        let was_full = ex.body_bytes >= cfg.body_buffer;
-        ex.body_bytes -= chunk.len();
-        if was_full && ex.body_bytes < cfg.body_buffer {
-            exch.resume_body(ex, shared);
-        }
-        let more = !(ex.body.is_empty() && ex.body_end);
-        ex.request_complete = !more;
-        return request_message(py, &chunk, more).map(Some);
-    }
-    if ex.responded {
-        // Once the response was sent, only a disconnect is left to report
-        // (ASGI HTTP spec, "Disconnected").
-        return disconnect_message(py).map(Some);
-    }
-    if ex.body_end && !ex.request_complete {
-        ex.request_complete = true;
-        return request_message(py, b"", false).map(Some);
-    }
-    if ex.eof && ex.request_complete {
-        // The client stopped sending after its request. An app that asks
-        // learns it as `http.disconnect` (uvicorn's answer), and from then
-        // on the client counts as gone (send() raises); one that does not
-        // ask answers a half-closed client normally (RFC 9112 §9.6).
-        ex.gone = true;
-        exch.resume_body(ex, shared);
-        return disconnect_message(py).map(Some);
-    }
-    Ok(None)
-}
-
-/// Handles a `Wake` event: completes the waiters of `exch` that can
-/// complete now (on the asyncio thread).
-pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
-    let shared = &ctx.shared;
-    let mut ex = exch.lock();
-    // Oldest waiter first; a disconnect reaches every one of them.
-    let mut recv = Vec::new();
-    while let Some(w) = ex.recv_waiters.pop_front() {
-        if is_done(w.bind(py)) {
-            continue;
-        }
-        match next_message(py, exch, &mut ex, shared) {
-            Ok(Some(msg)) => recv.push((w, msg)),
-            Ok(None) => {
-                ex.recv_waiters.push_front(w);
-                break;
-            }
-            Err(e) => {
-                drop(ex);
-                ctx.log_error(py, "could not build an http.request message", Some(&e));
-                return;
-            }
-        }
-    }
-    let rejected = std::mem::take(&mut ex.rejection_unlogged)
-        .then(|| {
-            ex.access_scope
-                .take()
-                .map(|s| (s, ex.wire_status, ex.wire_bytes, ex.received))
-        })
-        .flatten();
-    let mut send = Vec::new();
-    let gone = ex.gone;
-    if gone || ex.has_room(shared.config.send_buffer) {
-        send = std::mem::take(&mut ex.send_waiters);
-    }
-    drop(ex);
-    if let Some((scope, status, bytes, received)) = rejected {
-        // The server answered while the app was serving (408/413/503):
-        // its time is the wait until that answer.
-        write_access(py, ctx, &scope, status, py.None(), bytes, received);
-    }
-    for (w, msg) in recv {
-        resolve(w.bind(py), msg);
-    }
-    for w in send {
-        if gone {
-            fail_disconnected(w.bind(py), "the client disconnected");
-        } else {
-            resolve(w.bind(py), py.None().into_bound(py));
-        }
-    }
 }
 
 impl HttpProtocol {
@@ -406,8 +298,9 @@ impl HttpProtocol {
     }
 
     /// `http.response.early_hint` / `http.response.informational`: queued
-    /// for the wire ahead of the head (HTTP/1.1 only; elsewhere the Tokio
-    /// side drops it, as RFC 8297 §2 lets an intermediary do).
+    /// for the wire ahead of the head where interim responses can reach the
+    /// client (HTTP/1.1, HTTP/2); on HTTP/1.0 it is dropped, as RFC 8297 §2
+    /// lets an intermediary do.
     fn interim<'py>(
         &self,
         py: Python<'py>,
@@ -424,7 +317,8 @@ impl HttpProtocol {
             return Err(self.client_gone(py, st));
         }
         let Some((status, headers)) = interim.filter(|_| self.interim) else {
-            // HTTP/1.0 or HTTP/2: dropped (RFC 8297 §2 lets an intermediary).
+            // HTTP/1.0, or an HTTP/2 connection that turned them off:
+            // dropped (RFC 8297 §2 lets an intermediary).
             return self.ctx.done(py);
         };
         if self.exch.push_interim(status, headers, &self.ctx.shared) {
@@ -640,69 +534,6 @@ impl HttpProtocol {
     }
 }
 
-/// Calls the access logger: `access(scope, status, headers, size, seconds)`.
-pub(crate) fn write_access(
-    py: Python<'_>,
-    ctx: &AppContext,
-    scope: &Py<PyDict>,
-    status: u16,
-    headers: Py<PyAny>,
-    size: u64,
-    received: Option<Instant>,
-) {
-    let Some(access) = &ctx.access_log else {
-        return;
-    };
-    let secs = received.map_or(0.0, |r| r.elapsed().as_secs_f64());
-    if let Err(e) = access
-        .bind(py)
-        .call1((scope.bind(py), status, headers, size, secs))
-    {
-        ctx.log_error(py, "access log failed", Some(&e));
-    }
-}
-
-/// `file:line` of the Python frame running now (the caller of `send()`).
-fn caller_location(py: Python<'_>) -> String {
-    // SAFETY: attached; returns a borrowed frame or NULL.
-    let frame = unsafe { ffi::PyEval_GetFrame() };
-    if frame.is_null() {
-        return "an unknown location".into();
-    }
-    // SAFETY: a non-NULL borrowed frame, alive while this thread runs it.
-    let frame = unsafe { Bound::from_borrowed_ptr(py, frame.cast()) };
-    let file = frame
-        .getattr(intern!(py, "f_code"))
-        .and_then(|c| c.getattr(intern!(py, "co_filename")))
-        .map(|f| f.to_string())
-        .unwrap_or_else(|_| "?".into());
-    let line = frame
-        .getattr(intern!(py, "f_lineno"))
-        .map(|l| l.to_string())
-        .unwrap_or_else(|_| "?".into());
-    format!("{file}:{line}")
-}
-
-/// Whether `err` is `ClientDisconnected` or was raised while handling one
-/// (its `__cause__`/`__context__` chain, a few links deep).
-fn caused_by_disconnect(py: Python<'_>, err: &PyErr) -> bool {
-    let mut exc = err.value(py).clone().into_any();
-    for _ in 0..8 {
-        if exc.is_instance_of::<ClientDisconnected>() {
-            return true;
-        }
-        let next = match exc.getattr(intern!(py, "__cause__")) {
-            Ok(c) if !c.is_none() => c,
-            _ => match exc.getattr(intern!(py, "__context__")) {
-                Ok(c) if !c.is_none() => c,
-                _ => return false,
-            },
-        };
-        exc = next;
-    }
-    false
-}
-
 #[pymethods]
 impl HttpProtocol {
     /// `await receive()`: the next `http.request` chunk, or
@@ -822,5 +653,23 @@ impl HttpProtocol {
                 Ok(sent)
             }
         }
+    }
+}
+
+impl crate::bridge::owner::TaskOwner for HttpProtocol {
+    fn on_suspend(&self, py: Python<'_>) {
+        HttpProtocol::on_suspend(self, py);
+    }
+
+    fn on_return(&self, py: Python<'_>) {
+        HttpProtocol::on_return(self, py);
+    }
+
+    fn on_error(&self, py: Python<'_>, err: PyErr) {
+        HttpProtocol::on_error(self, py, err);
+    }
+
+    fn on_cancel(&self, py: Python<'_>) {
+        HttpProtocol::on_cancel(self, py);
     }
 }

@@ -10,11 +10,10 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-use crate::bridge::context::AppContext;
+use crate::asgi::context::AppContext;
 use crate::bridge::names::{names, Names};
-use crate::http::conn::{ConnCtx, LocalAddr};
+use crate::http::ctx::{ConnCtx, LocalAddr};
 use crate::http::service::HttpRequest;
-use crate::websocket::service::WsRequest;
 use crate::wire::proxy::Origin;
 
 fn method<'py>(py: Python<'py>, n: &Names, m: &Method) -> Bound<'py, PyString> {
@@ -234,24 +233,22 @@ pub(crate) fn http_scope<'py>(
 pub(crate) fn websocket_scope<'py>(
     py: Python<'py>,
     ctx: &AppContext,
-    req: &WsRequest,
+    parts: &http::request::Parts,
+    conn: &ConnCtx,
+    subprotocols: &[String],
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = names(py);
     let scope = ctx.ws_template.bind(py).copy()?;
-    fill_common(py, &scope, ctx, &req.parts, &req.conn)?;
-    let https = req.parts.extensions.get::<Origin>().and_then(|o| o.https);
-    let scheme = if https.unwrap_or(req.conn.tls.is_some()) {
+    fill_common(py, &scope, ctx, parts, conn)?;
+    let https = parts.extensions.get::<Origin>().and_then(|o| o.https);
+    let scheme = if https.unwrap_or(conn.tls.is_some()) {
         &n.wss
     } else {
         &n.ws
     };
     put(&scope, &n.scheme, scheme.bind(py))?;
-    put(
-        &scope,
-        &n.subprotocols,
-        &PyList::new(py, &req.subprotocols)?,
-    )?;
-    let ext = extensions(py, &req.conn, &ctx.ws_extensions)?;
+    put(&scope, &n.subprotocols, &PyList::new(py, subprotocols)?)?;
+    let ext = extensions(py, conn, &ctx.ws_extensions)?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }

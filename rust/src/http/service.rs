@@ -7,27 +7,28 @@
 //! completes its first `receive()` without waiting.
 
 use std::convert::Infallible;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::EXPECT;
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use hyper::body::Incoming;
 
 use crate::bridge::queue::Event;
-use crate::http::activity::Expired;
 use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::compress;
-use crate::http::conn::{BusyGuard, ConnCtx};
-use crate::http::exchange::{Awaited, BodyOut, Exchange};
+use crate::http::ctx::{BusyGuard, ConnCtx};
+use crate::http::exchange::{Awaited, BodyOut, Exchange, ResponseHead};
 use crate::http::interim;
-use crate::server::Shared;
-use crate::wire::request::{check_head, FIELD_TOO_LARGE};
+use crate::http::pump::{check_deadlines, pump_body, read_small_body};
+use crate::wire::handshake;
+use crate::wire::request::{check_head, Seen, FIELD_TOO_LARGE};
+use crate::worker::Worker;
 
 /// A request on its way to the application.
 pub(crate) struct HttpRequest {
@@ -37,6 +38,9 @@ pub(crate) struct HttpRequest {
     /// When the head was parsed (for the access log's duration); only
     /// read from the clock when access logging is on.
     pub(crate) received: Option<Instant>,
+    /// The server answered it before the app saw it (status, body bytes):
+    /// the job is only its access-log line.
+    pub(crate) rejected: Option<(u16, u64)>,
 }
 
 /// Marks the exchange gone if the service future is dropped before the
@@ -44,7 +48,7 @@ pub(crate) struct HttpRequest {
 /// disconnects mid-request).
 struct GoneGuard<'a> {
     exch: &'a Arc<Exchange>,
-    shared: &'a Shared,
+    shared: &'a Worker,
     armed: bool,
 }
 
@@ -56,159 +60,19 @@ impl Drop for GoneGuard<'_> {
     }
 }
 
+/// Whether the client waits for a `100 Continue` before its body. On
+/// HTTP/2 hyper reads the body without waiting for a `100`, and Skirr's own
+/// HTTP/2 interim path carries only what the app sends, so an HTTP/2 body
+/// is read as if no `Expect` came: the client sends it after its wait.
+fn continue_wanted(parts: &http::request::Parts) -> bool {
+    parts.version != http::Version::HTTP_2 && expects_continue(parts)
+}
+
 fn expects_continue(parts: &http::request::Parts) -> bool {
     parts
         .headers
         .get(EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
-}
-
-/// Reads a whole body of a known small length, before the app starts.
-/// `Err` carries the answer: 400 for a body that fails, 408 when the
-/// client stalls past `body_read_timeout`, 503 past
-/// `response_start_timeout`.
-async fn read_small_body(
-    body: &mut Incoming,
-    len: usize,
-    conn: &ConnCtx,
-) -> Result<Bytes, (StatusCode, &'static str)> {
-    let mut first: Option<Bytes> = None;
-    let mut rest: Option<BytesMut> = None;
-    loop {
-        let frame = poll_fn(|cx| {
-            match conn.activity.take_expired() {
-                Some(Expired::Body) => {
-                    return Poll::Ready(Err((
-                        StatusCode::REQUEST_TIMEOUT,
-                        "request body not received in time",
-                    )))
-                }
-                Some(Expired::ResponseStart) => {
-                    return Poll::Ready(Err((
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        crate::metrics::RESPONSE_START_REASON,
-                    )))
-                }
-                None => {}
-            }
-            match Pin::new(&mut *body).poll_frame(cx) {
-                Poll::Pending if conn.activity.peer_eof() => {
-                    Poll::Ready(Err((StatusCode::BAD_REQUEST, "request body incomplete")))
-                }
-                Poll::Pending => {
-                    conn.activity.body_wait(true);
-                    Poll::Pending
-                }
-                Poll::Ready(r) => {
-                    conn.activity.body_wait(false);
-                    Poll::Ready(Ok(r))
-                }
-            }
-        })
-        .await?;
-        let Some(frame) = frame else { break };
-        let frame = frame.map_err(|e| {
-            tracing::debug!("request body read failed before dispatch: {e}");
-            (StatusCode::BAD_REQUEST, "invalid request body")
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        match (&mut first, &mut rest) {
-            (None, _) => first = Some(data),
-            (Some(f), None) => {
-                let mut buf = BytesMut::with_capacity(len);
-                buf.extend_from_slice(f);
-                buf.extend_from_slice(&data);
-                rest = Some(buf);
-            }
-            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
-        }
-    }
-    Ok(match rest {
-        Some(buf) => buf.freeze(),
-        None => first.unwrap_or_default(),
-    })
-}
-
-/// Reads request body into the exchange while the app has room for it.
-///
-/// A body that fails to parse (a bad chunk, a length cut short) rejects the
-/// request with 400; the client going away does the same, unseen.
-pub(crate) fn pump_body(
-    cx: &mut Context<'_>,
-    exch: &Arc<Exchange>,
-    incoming: &mut Option<Incoming>,
-    conn: &ConnCtx,
-    expect_continue: bool,
-) {
-    let shared = &*conn.shared;
-    while let Some(body) = incoming.as_mut() {
-        if !exch.wants_body(shared, expect_continue) {
-            conn.activity.body_wait(false);
-            return;
-        }
-        match Pin::new(body).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    if !data.is_empty() {
-                        conn.activity.body_wait(false);
-                        exch.push_body(data, shared);
-                    }
-                }
-            }
-            Poll::Ready(Some(Err(e))) => {
-                tracing::debug!("request body read failed: {e}");
-                *incoming = None;
-                conn.activity.body_wait(false);
-                exch.reject(StatusCode::BAD_REQUEST, "invalid request body", shared);
-            }
-            Poll::Ready(None) => {
-                *incoming = None;
-                conn.activity.body_wait(false);
-                exch.end_body(shared);
-            }
-            Poll::Pending if conn.activity.peer_eof() => {
-                // The client ended its side before the body's end.
-                *incoming = None;
-                conn.activity.body_wait(false);
-                exch.reject(StatusCode::BAD_REQUEST, "request body incomplete", shared);
-            }
-            Poll::Pending => {
-                conn.activity.body_wait(true);
-                return;
-            }
-        }
-    }
-}
-
-/// Answers a passed request deadline (see [`Activity`](crate::http::activity::Activity)).
-pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
-    let Some(e) = conn.activity.take_expired() else {
-        return;
-    };
-    let shared = &*conn.shared;
-    match e {
-        Expired::Body => {
-            tracing::debug!("request body from {:?} not received in time", conn.peer);
-            exch.reject(
-                StatusCode::REQUEST_TIMEOUT,
-                "request body not received in time",
-                shared,
-            );
-        }
-        Expired::ResponseStart => {
-            tracing::warn!(
-                "the application did not start a response within {:?}: answered 503",
-                shared.config.response_start_timeout
-            );
-            exch.reject(
-                StatusCode::SERVICE_UNAVAILABLE,
-                crate::metrics::RESPONSE_START_REASON,
-                shared,
-            );
-        }
-    }
 }
 
 /// An HTTP/2 request's fields as an HTTP/1.1 app expects them: `:authority`
@@ -270,16 +134,13 @@ fn answer(
 ) -> Response<ResponseBody> {
     conn.shared.metrics.refused_answer(status, reason);
     if conn.shared.config.access_log {
-        conn.shared.queue.push(Event::Access(
-            Box::new(HttpRequest {
-                parts,
-                exch: Arc::new(Exchange::default()),
-                conn: Arc::clone(conn),
-                received,
-            }),
-            status.as_u16(),
-            reason.len() as u64,
-        ));
+        conn.shared.queue.push(Event::Run(Box::new(HttpRequest {
+            parts,
+            exch: Arc::new(Exchange::default()),
+            conn: Arc::clone(conn),
+            received,
+            rejected: Some((status.as_u16(), reason.len() as u64)),
+        })));
     }
     let mut resp = ResponseBody::plain(status, reason, busy);
     if conn.shared.config.server_timing {
@@ -296,7 +157,7 @@ fn refuse_stalled(
     received: Option<Instant>,
     busy: BusyGuard,
 ) -> Response<ResponseBody> {
-    use crate::server::watchdog::{mark_refusal, REASON};
+    use crate::worker::watchdog::{mark_refusal, REASON};
     conn.shared
         .metrics
         .refused(crate::metrics::Limit::LoopStall);
@@ -311,35 +172,58 @@ fn refuse_stalled(
     resp
 }
 
-/// Serves one request: see the module docs.
-pub(crate) async fn handle(
-    req: Request<Incoming>,
+/// A request whose head passed every check of [`admit`].
+pub(crate) struct Admitted {
+    parts: http::request::Parts,
+    body: Incoming,
     conn: Arc<ConnCtx>,
-) -> Result<Response<ResponseBody>, Infallible> {
-    let busy = BusyGuard::new(&conn);
-    let shared = &*conn.shared;
-    if shared.health.enabled() {
-        if shared.health.matches(req.method(), req.uri().path()) {
-            return Ok(crate::server::health::Health::respond(shared, busy));
-        }
-        // Accepted during lifespan startup (for the health path): the
-        // request waits for startup as it would in the backlog.
-        if shared.health.is_starting() {
-            shared.health.until_started().await;
-        }
+    busy: BusyGuard,
+    received: Option<Instant>,
+    seen: Seen,
+}
+
+/// What [`admit`] decided.
+pub(crate) enum Admission {
+    /// The server answered itself (health path, a refused head, a stalled
+    /// loop).
+    Answered(Response<ResponseBody>),
+    /// On to the app: an HTTP request or a WebSocket handshake.
+    Admitted(Admitted),
+}
+
+impl Admitted {
+    /// Whether the request opens a WebSocket (an HTTP/1.1 upgrade or an
+    /// RFC 8441 extended CONNECT).
+    pub(crate) fn is_websocket(&self) -> bool {
+        (self.seen.upgrade && handshake::is_upgrade(&self.parts))
+            || handshake::is_extended_connect(&self.parts)
     }
+
+    /// What the WebSocket handshake service takes; an end of stream on the
+    /// connection is the client leaving from now on.
+    pub(crate) fn into_websocket(self) -> (http::request::Parts, Arc<ConnCtx>, BusyGuard) {
+        self.conn.not_plain_http();
+        (self.parts, self.conn, self.busy)
+    }
+}
+
+/// Checks a request head before anything is queued for the app: field
+/// counts and sizes (RFC 9110 §5, RFC 9112 §3), a trusted proxy's
+/// forwarding fields, a stalled loop. See the module docs. Not `async`: the
+/// request's one future stays one state machine.
+fn admit(req: Request<Incoming>, conn: Arc<ConnCtx>, mut busy: BusyGuard) -> Admission {
+    let shared = &*conn.shared;
     let cfg = &conn.shared.config;
     let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
-    let mut busy = busy;
     busy.meter(req.method(), req.version());
     shared.count_request();
-    let (mut parts, mut body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     if parts.version == http::Version::HTTP_2 {
         h2_fields(&mut parts);
         // hyper's HTTP/1.1 parser counts fields; on HTTP/2 it is done here.
         let most = shared.config.limit_request_fields;
         if most > 0 && parts.headers.len() > most {
-            return Ok(answer(
+            return Admission::Answered(answer(
                 parts,
                 &conn,
                 received,
@@ -361,7 +245,7 @@ pub(crate) async fn handle(
         Ok(seen) => seen,
         Err(r) => {
             tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
-            return Ok(answer(parts, &conn, received, r.status, r.reason, busy));
+            return Admission::Answered(answer(parts, &conn, received, r.status, r.reason, busy));
         }
     };
     if let Some(proxy) = &shared.config.proxy {
@@ -373,7 +257,7 @@ pub(crate) async fn handle(
             }
             Ok(None) => {}
             Err(reason) => {
-                return Ok(answer(
+                return Admission::Answered(answer(
                     parts,
                     &conn,
                     received,
@@ -385,18 +269,26 @@ pub(crate) async fn handle(
         }
     }
     if shared.watchdog.is_stalled() {
-        return Ok(refuse_stalled(parts, &conn, received, busy));
+        return Admission::Answered(refuse_stalled(parts, &conn, received, busy));
     }
-    if (seen.upgrade && crate::websocket::handshake::is_upgrade(&parts))
-        || crate::websocket::handshake::is_extended_connect(&parts)
-    {
-        conn.not_plain_http();
-        return Ok(crate::websocket::service::handle(parts, conn, busy).await);
-    }
-    // The coding this client accepts, if compression is on; whether it is
-    // applied depends on the response (see `compress`).
-    let coding = shared
-        .config
+    Admission::Admitted(Admitted {
+        parts,
+        body,
+        conn,
+        busy,
+        received,
+        seen,
+    })
+}
+
+/// The coding this client accepts, if compression is on, whether the
+/// request is `HEAD`, and whether it refuses identity; whether the coding
+/// is applied depends on the response (see `compress`).
+fn negotiate(
+    config: &crate::config::Config,
+    parts: &http::request::Parts,
+) -> Option<(crate::config::Coding, bool, bool)> {
+    config
         .compression
         .as_ref()
         .and_then(|c| compress::negotiate(c, &parts.headers))
@@ -406,15 +298,144 @@ pub(crate) async fn handle(
                 parts.method == http::Method::HEAD,
                 compress::identity_refused(&parts.headers),
             )
-        });
+        })
+}
+
+/// Whether the app may be called for a request: the loop must not be
+/// stalled (it may have blocked while the body was read), and a slot under
+/// `limit_concurrency` must be free (held by `busy` from now). `Err(true)`:
+/// stalled; `Err(false)`: at the limit.
+fn may_start(shared: &Worker, busy: &mut BusyGuard) -> Result<(), bool> {
+    if shared.watchdog.is_stalled() {
+        return Err(true);
+    }
+    busy.hold(shared.concurrency.acquire().map_err(|()| false)?);
+    Ok(())
+}
+
+/// The `503` of a request over `limit_concurrency`, with `Retry-After`.
+fn refuse_concurrency(
+    parts: http::request::Parts,
+    conn: &Arc<ConnCtx>,
+    received: Option<Instant>,
+    busy: BusyGuard,
+) -> Response<ResponseBody> {
+    conn.shared
+        .metrics
+        .refused(crate::metrics::Limit::Concurrency);
+    let mut resp = answer(
+        parts,
+        conn,
+        received,
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::worker::concurrency::REASON,
+        busy,
+    );
+    crate::worker::watchdog::retry_after(resp.headers_mut());
+    resp
+}
+
+/// Compresses the response as negotiated (`coding`: the coding, whether
+/// the request is `HEAD`, whether identity is refused): a whole body at
+/// once, a streamed or file body through the returned encoder.
+fn compress_head(
+    config: &crate::config::Config,
+    coding: Option<(crate::config::Coding, bool, bool)>,
+    head: &mut ResponseHead,
+) -> Option<compress::Encoder> {
+    let (Some(cfg), Some((coding, head_request, must))) = (&config.compression, coding) else {
+        return None;
+    };
+    let mut coder = None;
+    let len = match &head.body {
+        BodyOut::Full(d) => Some(d.len() as u64),
+        BodyOut::File { len, .. } => Some(*len),
+        BodyOut::Stream => None,
+    };
+    if compress::applies(cfg, head_request, head.status, &head.headers, len, must) {
+        if let BodyOut::Full(d) = &head.body {
+            match compress::whole(coding, d) {
+                // Encoding that does not shrink the body (random or
+                // compressed bytes) is not applied: it costs the
+                // client the decoding for nothing.
+                Ok(z) if z.len() >= d.len() && !must => {}
+                Ok(z) => {
+                    head.body = BodyOut::Full(z);
+                    compress::mark_headers(&mut head.headers, coding);
+                }
+                Err(e) => tracing::error!("response compression failed: {e}"),
+            }
+        } else {
+            match compress::Encoder::new(coding) {
+                Ok(enc) => {
+                    coder = Some(enc);
+                    compress::mark_headers(&mut head.headers, coding);
+                }
+                Err(e) => tracing::error!("response compression failed: {e}"),
+            }
+        }
+    }
+    coder
+}
+
+/// Queues interim responses for the wire, encoded for this request's
+/// protocol; returns where they end in the connection's interim bytes.
+fn load_interim(conn: &ConnCtx, list: &[(StatusCode, http::HeaderMap)]) -> Option<u64> {
+    match conn.h2_stream {
+        Some(_) if conn.interim.is_off() => None,
+        Some(stream) => conn.interim.load(interim::encode_h2(stream, list)),
+        None => conn.interim.load(interim::encode_h1(list)),
+    }
+}
+
+/// The WebSocket handshake service, given by the driver (`proto`), so that
+/// this protocol-neutral service never names the WebSocket side.
+pub(crate) type WsHandshake = fn(
+    http::request::Parts,
+    Arc<ConnCtx>,
+    BusyGuard,
+) -> Pin<Box<dyn Future<Output = Response<ResponseBody>> + Send>>;
+
+/// Serves one request: see the module docs. A WebSocket handshake goes to
+/// `ws`.
+pub(crate) async fn handle(
+    req: Request<Incoming>,
+    conn: Arc<ConnCtx>,
+    ws: WsHandshake,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let busy = BusyGuard::new(&conn);
+    let shared = &*conn.shared;
+    if shared.health.enabled() {
+        if shared.health.matches(req.method(), req.uri().path()) {
+            return Ok(health_response(shared, busy));
+        }
+        // Accepted during lifespan startup (for the health path): the
+        // request waits for startup as it would in the backlog.
+        if shared.health.is_starting() {
+            shared.health.until_started().await;
+        }
+    }
+    let a = match admit(req, conn, busy) {
+        Admission::Answered(resp) => return Ok(resp),
+        Admission::Admitted(a) => a,
+    };
+    if a.is_websocket() {
+        let (parts, conn, busy) = a.into_websocket();
+        return Ok(ws(parts, conn, busy).await);
+    }
+    let Admitted {
+        parts,
+        mut body,
+        conn,
+        mut busy,
+        received,
+        seen,
+    } = a;
+    let shared = &*conn.shared;
+    let coding = negotiate(&shared.config, &parts);
     let bodyless = body.is_end_stream();
-    // `Expect` only matters for a request with a body. hyper's HTTP/2
-    // server cannot send a 100 (no interim responses), so an HTTP/2 body is
-    // read as if no `Expect` came: the client sends it after its wait.
-    let expect_continue = !bodyless
-        && seen.expect
-        && parts.version != http::Version::HTTP_2
-        && expects_continue(&parts);
+    // `Expect` only matters for a request with a body.
+    let expect_continue = !bodyless && seen.expect && continue_wanted(&parts);
 
     let max_body = shared.config.max_body_size;
     if max_body > 0 && body.size_hint().lower() > max_body {
@@ -447,36 +468,26 @@ pub(crate) async fn handle(
         }
     };
 
-    if shared.watchdog.is_stalled() {
-        // The loop blocked while the body was read.
-        return Ok(refuse_stalled(parts, &conn, received, busy));
-    }
-    match shared.concurrency.acquire() {
-        Ok(slot) => busy.hold(slot),
-        Err(()) => {
-            shared.metrics.refused(crate::metrics::Limit::Concurrency);
-            let mut resp = answer(
-                parts,
-                &conn,
-                received,
-                StatusCode::SERVICE_UNAVAILABLE,
-                crate::server::concurrency::REASON,
-                busy,
-            );
-            crate::server::watchdog::retry_after(resp.headers_mut());
-            return Ok(resp);
-        }
+    if let Err(stalled) = may_start(shared, &mut busy) {
+        let refuse = if stalled {
+            refuse_stalled
+        } else {
+            refuse_concurrency
+        };
+        return Ok(refuse(parts, &conn, received, busy));
     }
     let mut guard = GoneGuard {
         exch: &exch,
         shared,
         armed: true,
     };
-    shared.queue.push(Event::Http(Box::new(HttpRequest {
+    exch.attach(&conn.listener.app);
+    shared.queue.push(Event::Run(Box::new(HttpRequest {
         parts,
         exch: Arc::clone(&exch),
         conn: Arc::clone(&conn),
         received,
+        rejected: None,
     })));
     // Where this request's interim responses end in the connection's
     // interim bytes (0: none queued).
@@ -495,13 +506,8 @@ pub(crate) async fn handle(
                 Poll::Ready(Awaited::Interim(list)) => {
                     // Queued only where they can be sent (`HttpProtocol`
                     // drops them elsewhere; an HTTP/2 connection may have
-                    // turned them off since, see `h2io`).
-                    let loaded = match conn.h2_stream {
-                        Some(_) if conn.interim.is_off() => None,
-                        Some(stream) => conn.interim.load(interim::encode_h2(stream, &list)),
-                        None => conn.interim.load(interim::encode_h1(&list)),
-                    };
-                    if let Some(end) = loaded {
+                    // turned them off since, see `proto::h2::io`).
+                    if let Some(end) = load_interim(&conn, &list) {
                         interim_upto = end;
                     }
                 }
@@ -524,48 +530,34 @@ pub(crate) async fn handle(
     guard.armed = false;
     drop(guard);
 
-    let mut head = head;
-    let mut coder = None;
-    if let (Some(cfg), Some((coding, head_request, must))) =
-        (&conn.shared.config.compression, coding)
-    {
-        let len = match &head.body {
-            BodyOut::Full(d) => Some(d.len() as u64),
-            BodyOut::File { len, .. } => Some(*len),
-            BodyOut::Stream => None,
-        };
-        if compress::applies(cfg, head_request, head.status, &head.headers, len, must) {
-            if let BodyOut::Full(d) = &head.body {
-                match compress::whole(coding, d) {
-                    // Encoding that does not shrink the body (random or
-                    // compressed bytes) is not applied: it costs the
-                    // client the decoding for nothing.
-                    Ok(z) if z.len() >= d.len() && !must => {}
-                    Ok(z) => {
-                        head.body = BodyOut::Full(z);
-                        compress::mark_headers(&mut head.headers, coding);
-                    }
-                    Err(e) => tracing::error!("response compression failed: {e}"),
-                }
-            } else {
-                match compress::Encoder::new(coding) {
-                    Ok(enc) => {
-                        coder = Some(enc);
-                        compress::mark_headers(&mut head.headers, coding);
-                    }
-                    Err(e) => tracing::error!("response compression failed: {e}"),
-                }
-            }
-        }
-    }
+    let stream = || StreamBody::new(exch, incoming, Arc::clone(&conn), expect_continue);
+    Ok(finish(
+        &conn,
+        head,
+        coding,
+        stream,
+        busy,
+        (app_started, received),
+    ))
+}
+
+/// The response hyper writes: compressed as negotiated, its body full, a
+/// file, or streamed from the exchange (`stream`, called only then);
+/// `times`: when the app was called and the head received (Server-Timing).
+fn finish(
+    conn: &ConnCtx,
+    mut head: ResponseHead,
+    coding: Option<(crate::config::Coding, bool, bool)>,
+    stream: impl FnOnce() -> StreamBody,
+    mut busy: BusyGuard,
+    times: (Option<Instant>, Option<Instant>),
+) -> Response<ResponseBody> {
+    let coder = compress_head(&conn.shared.config, coding, &mut head);
     busy.responded(head.status);
     let body = match head.body {
         BodyOut::Full(data) => ResponseBody::full(data, busy),
         BodyOut::File { file, len } => ResponseBody::file(file, len, busy),
-        BodyOut::Stream => ResponseBody::stream(
-            StreamBody::new(exch, incoming, Arc::clone(&conn), expect_continue),
-            busy,
-        ),
+        BodyOut::Stream => ResponseBody::stream(stream(), busy),
     };
     let body = match coder {
         Some(enc) => body.coded(enc),
@@ -575,9 +567,9 @@ pub(crate) async fn handle(
     set_status(&mut resp, head.status);
     *resp.headers_mut() = head.headers;
     if conn.shared.config.server_timing {
-        server_timing(resp.headers_mut(), app_started, received);
+        server_timing(resp.headers_mut(), times.0, times.1);
     }
-    Ok(resp)
+    resp
 }
 
 /// Sets `resp`'s status. hyper writes the literal reason phrase `<none>`
@@ -605,6 +597,23 @@ fn server_timing(headers: &mut http::HeaderMap, app: Option<Instant>, received: 
     if let Ok(v) = http::HeaderValue::from_str(&value) {
         headers.append(http::header::HeaderName::from_static("server-timing"), v);
     }
+}
+
+/// The health path's answer (see [`health`](crate::worker::health)).
+fn health_response(shared: &Worker, busy: BusyGuard) -> Response<ResponseBody> {
+    let (status, body) = shared.health.answer(shared.watchdog.is_stalled());
+    let mut resp = Response::new(ResponseBody::full(Bytes::from_static(body), busy));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    resp
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 use tokio::task::JoinHandle;
 
+use crate::asgi::message::type_name;
+
 /// The message type, for error messages.
 pub(crate) const WHAT: &str = "http.response.zerocopysend";
 
@@ -83,13 +85,6 @@ pub(crate) struct ZeroCopySend {
     pub(crate) more_body: bool,
     /// Set when the message gave no `offset`.
     pub(crate) advance: Option<Advance>,
-}
-
-fn type_name(v: &Bound<'_, PyAny>) -> String {
-    v.get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// An optional non-negative int field (`None` counts as absent).

@@ -38,7 +38,7 @@ mod scrape;
 mod table;
 
 pub(crate) use labels::{Limit, Proto, RESPONSE_START_REASON};
-pub(crate) use recorder::{Recorder, RequestMeter};
+pub(crate) use recorder::{OpenGauge, Recorder, RequestMeter};
 pub(crate) use scrape::{listener, serve};
 pub use table::create_table;
 

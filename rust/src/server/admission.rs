@@ -8,7 +8,7 @@
 //! if so, the HTTP connections that have held a slot for [`HOLD`] or more
 //! are retired, oldest first: each finishes its current response, which
 //! says `Connection: close` (a drain order for that connection alone, see
-//! `http::conn`), and frees its slot. WebSockets are never retired.
+//! `proto::h1`), and frees its slot. WebSockets are never retired.
 //!
 //! The bound: slots turn over at least every `HOLD` + `TICK` plus one
 //! response, so a newcomer behind `q` waiting connections is accepted
@@ -17,7 +17,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use crate::server::Shared;
+use crate::worker::Worker;
 
 /// How often a full worker looks at its backlog.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
@@ -41,7 +41,7 @@ fn has_waiting(fd: RawFd) -> bool {
 
 /// Runs while the accept loop waits for a free slot (never returns; the
 /// loop drops it when a slot frees): see the module docs.
-pub(crate) async fn while_full(shared: &Shared, listener: &impl AsRawFd) {
+pub(crate) async fn while_full(shared: &Worker, listener: &impl AsRawFd) {
     let fd = listener.as_raw_fd();
     loop {
         tokio::time::sleep(TICK).await;

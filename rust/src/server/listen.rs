@@ -13,10 +13,13 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::http::accept;
-use crate::http::conn::{self, ListenerInfo, LocalAddr};
-use crate::server::watchdog::Gate;
-use crate::server::{admission, Shared};
+use crate::asgi::context::AppContext;
+use crate::http::ctx::{ListenerInfo, LocalAddr};
+use crate::proto::{self, Builders};
+use crate::server::accept;
+use crate::server::admission;
+use crate::worker::watchdog::Gate;
+use crate::worker::Worker;
 
 /// A listening socket before the runtime exists.
 pub(crate) enum StdListener {
@@ -72,6 +75,10 @@ impl StdListener {
 pub(crate) struct ConnControl {
     pub(crate) tracker: TaskTracker,
     pub(crate) limit: Option<Arc<Semaphore>>,
+    /// The drivers' hyper builders.
+    pub(crate) builders: Arc<Builders>,
+    /// The application context the connections' requests run in.
+    pub(crate) app: Arc<AppContext>,
 }
 
 fn is_fd_exhaustion(e: &io::Error) -> bool {
@@ -88,12 +95,13 @@ fn is_fd_exhaustion(e: &io::Error) -> bool {
 /// pauses (logged once per episode); existing connections are unaffected.
 pub(crate) async fn accept_loop(
     listener: StdListener,
-    shared: Arc<Shared>,
+    shared: Arc<Worker>,
     control: ConnControl,
     stop: CancellationToken,
 ) -> io::Result<()> {
     let info = Arc::new(ListenerInfo {
         local: listener.local()?,
+        app: Arc::clone(&control.app),
         py_server: OnceLock::new(),
     });
     enum L {
@@ -144,9 +152,11 @@ pub(crate) async fn accept_loop(
                     let _ = s.set_nodelay(true);
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
                     if shared.tls.is_some() || shared.config.proxy_protocol.is_some() {
-                        control.tracker.spawn(accept::serve_tcp(s, shared, info, peer, permit));
+                        let builders = Arc::clone(&control.builders);
+                        control.tracker.spawn(accept::serve_tcp(s, shared, info, builders, peer, permit));
                     } else {
-                        control.tracker.spawn(conn::serve(s, shared, info, Some(peer), permit, None));
+                        let builders = Arc::clone(&control.builders);
+                        control.tracker.spawn(proto::serve(s, shared, info, builders, Some(peer), permit, None));
                     }
                 }),
                 _ = stop.cancelled() => return Ok(()),
@@ -155,7 +165,8 @@ pub(crate) async fn accept_loop(
             L::Unix(u) => tokio::select! {
                 r = u.accept() => r.map(|(s, _)| {
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    control.tracker.spawn(conn::serve(s, shared, info, None, permit, None));
+                    let builders = Arc::clone(&control.builders);
+                    control.tracker.spawn(proto::serve(s, shared, info, builders, None, permit, None));
                 }),
                 _ = stop.cancelled() => return Ok(()),
                 _ = gate.shut() => continue,

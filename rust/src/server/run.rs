@@ -11,11 +11,13 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::asgi::context::AppContext;
+use crate::asgi::lifespan;
 use crate::bridge::queue::Event;
-use crate::lifespan;
-use crate::server::connections::Order;
+use crate::proto::Builders;
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
-use crate::server::{signals, Shared, Stop};
+use crate::worker::connections::Order;
+use crate::worker::{signals, Stop, Worker};
 
 /// Why serving ended in error.
 #[derive(Debug)]
@@ -83,8 +85,8 @@ async fn next_quick(rx: &mut watch::Receiver<Option<Stop>>) {
 /// quick. SIGUSR1: reopen log files. SIGABRT (Gunicorn's timeout): the
 /// signal hook, then exit 1. INT, QUIT and ABRT run the signal hook first.
 /// Signals the app registers later are forwarded to the loop (see
-/// [`signals`](crate::server::signals)).
-fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
+/// [`signals`](crate::worker::signals)).
+fn watch_signals(shared: Arc<Worker>) -> io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut quit = signal(SignalKind::quit())?;
@@ -127,7 +129,7 @@ fn watch_signals(shared: Arc<Shared>) -> io::Result<()> {
     Ok(())
 }
 
-fn watch_parent(shared: Arc<Shared>, ppid: u32) {
+fn watch_parent(shared: Arc<Worker>, ppid: u32) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(PARENT_CHECK);
         loop {
@@ -143,7 +145,7 @@ fn watch_parent(shared: Arc<Shared>, ppid: u32) {
 
 fn spawn_acceptors(
     listeners: Option<Vec<StdListener>>,
-    shared: &Arc<Shared>,
+    shared: &Arc<Worker>,
     control: &ConnControl,
     stop: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<io::Result<()>>> {
@@ -166,7 +168,7 @@ fn spawn_acceptors(
 /// balancer sees it fail before its connections start closing. A quick
 /// stop cuts it short. Returns the time spent.
 async fn drain_delay(
-    shared: &Shared,
+    shared: &Worker,
     stop: Stop,
     stop_rx: &mut watch::Receiver<Option<Stop>>,
 ) -> Duration {
@@ -184,7 +186,8 @@ async fn drain_delay(
 }
 
 /// Serves until a stop is requested; see the module docs.
-pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+pub(crate) async fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+    let shared = Arc::clone(&app.shared);
     tokio::spawn(Arc::clone(&shared.wakeups).dispatch());
     watch_signals(Arc::clone(&shared))?;
     if let Some(fd) = shared.config.metrics_fd {
@@ -203,6 +206,8 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     let control = ConnControl {
         tracker: shared.tracker.clone(),
         limit: (cfg.max_connections > 0).then(|| Arc::new(Semaphore::new(cfg.max_connections))),
+        builders: Arc::new(Builders::new(cfg, shared.tracker.clone())),
+        app: Arc::clone(&app),
     };
     let stop_accept = CancellationToken::new();
     let mut acceptors = Vec::new();
@@ -214,7 +219,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     }
 
     let started = tokio::select! {
-        r = lifespan::startup(&shared) => r.map_err(RunError::Startup),
+        r = lifespan::startup(&app) => r.map_err(RunError::Startup),
         s = next_stop(&mut stop_rx) => {
             tracing::info!("stopped during startup ({s:?})");
             stop_accept.cancel();
@@ -230,14 +235,14 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
     };
     shared.health.serving();
     shared.ready_hook();
-    tokio::spawn(crate::server::watchdog::Watchdog::run(Arc::clone(&shared)));
+    tokio::spawn(crate::worker::watchdog::Watchdog::run(Arc::clone(&shared)));
     acceptors.extend(spawn_acceptors(
         listeners.take(),
         &shared,
         &control,
         &stop_accept,
     ));
-    crate::server::recycle::spawn(&shared);
+    crate::worker::recycle::spawn(&shared);
 
     let stop = next_stop(&mut stop_rx).await;
     tracing::debug!("stopping: {stop:?}");
@@ -294,7 +299,7 @@ pub(crate) async fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Res
         tracing::debug!("{line}");
     }
     if lifespan_running && !quick {
-        lifespan::shutdown(&shared).await;
+        lifespan::shutdown(&app).await;
     }
     Ok(())
 }

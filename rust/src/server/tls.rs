@@ -20,25 +20,9 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{ClientAuth, TlsSettings};
-use crate::server::connections::Order;
-use crate::server::Shared;
-
-/// The `tls` extension's per-connection facts.
-#[derive(Debug, Clone)]
-pub struct TlsInfo {
-    /// e.g. `0x0304` for TLS 1.3.
-    pub version: u16,
-    /// The negotiated suite's IANA number.
-    pub cipher_suite: u16,
-    /// The client's certificate chain as PEM, leaf first (empty without
-    /// client authentication).
-    pub client_cert_chain: Vec<String>,
-    /// The leaf's subject as an RFC 4514 string (`None` without a client
-    /// certificate).
-    pub client_cert_name: Option<String>,
-    /// ALPN selected `h2`.
-    pub h2: bool,
-}
+use crate::http::ctx::TlsInfo;
+use crate::worker::connections::Order;
+use crate::worker::Worker;
 
 /// OpenSSL's names for the suites rustls implements.
 const OPENSSL_NAMES: &[(&str, &str)] = &[
@@ -218,7 +202,7 @@ pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
 pub(crate) async fn handshake<IO>(
     acceptor: &TlsAcceptor,
     io: IO,
-    shared: &Shared,
+    shared: &Worker,
     peer: SocketAddr,
 ) -> Option<TlsStream<IO>>
 where

@@ -5,12 +5,11 @@
 //! [`service`] hands it to the app and waits for its decision; nothing is
 //! written until the app accepts (101 with its subprotocol and headers),
 //! closes (403) or answers with its own HTTP response → once upgraded,
-//! [`driver`] runs [`framed`] (framing, permessage-deflate, fragmentation, ping/pong, the close
-//! handshake) and moves messages through [`shared::WsShared`], with bounded
+//! `proto::ws::driver` runs `proto::ws::framed` (framing, permessage-deflate,
+//! fragmentation, ping/pong, the close handshake) and moves messages
+//! through [`shared::WsShared`], with bounded
 //! queues both ways → [`protocol`] gives the app `receive` and `send`.
 
-pub(crate) mod driver;
-pub(crate) mod framed;
 pub(crate) use crate::wire::handshake;
 pub(crate) mod protocol;
 pub(crate) mod service;
@@ -20,8 +19,9 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use crate::bridge::context::AppContext;
+use crate::asgi::context::AppContext;
 use crate::bridge::owner::Owner;
+use crate::bridge::queue::Job;
 use crate::bridge::start::call_app;
 use crate::websocket::protocol::WebSocketProtocol;
 use crate::websocket::service::WsRequest;
@@ -31,7 +31,13 @@ use crate::websocket::service::WsRequest;
 /// Never raises: a failure before the app runs is logged and answered 500.
 pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<WsRequest>) {
     let proto = WebSocketProtocol::new(Arc::clone(&req.ws), Arc::clone(ctx));
-    let scope = match crate::http::scope::websocket_scope(py, ctx, &req) {
+    let scope = match crate::http::scope::websocket_scope(
+        py,
+        ctx,
+        &req.parts,
+        &req.conn,
+        &req.subprotocols,
+    ) {
         Ok(s) => s,
         Err(e) => {
             proto.on_error(py, e);
@@ -50,9 +56,16 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<WsRequest>) 
         let receive = b.getattr(pyo3::intern!(py, "receive"))?;
         let send = b.getattr(pyo3::intern!(py, "send"))?;
         let coro = call_app(py, ctx.app.bind(py), [scope.into_any(), receive, send])?;
-        crate::bridge::start::start(py, ctx, coro, Owner::WebSocket(proto.clone_ref(py)))
+        crate::bridge::start::start(py, &ctx.loop_ctx, coro, Owner::new(proto.clone_ref(py)))
     };
     if let Err(e) = run() {
         proto.get().on_error(py, e);
+    }
+}
+
+impl Job for WsRequest {
+    fn run(self: Box<Self>, py: Python<'_>) {
+        let ctx = Arc::clone(&self.conn.listener.app);
+        start(py, &ctx, self);
     }
 }

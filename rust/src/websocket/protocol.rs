@@ -1,27 +1,29 @@
 //! `receive` and `send` for one WebSocket (ASGI WebSocket spec 2.5 and the
 //! `websocket.http.response` extension).
 
+mod send;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use bytes::BytesMut;
+use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::CloseFrame;
 use tungstenite::Message;
 
+use crate::asgi::context::AppContext;
+use crate::asgi::message::message_type;
 use crate::bridge::awaitable::ready;
-use crate::bridge::context::{fail_disconnected, is_done, resolve, AppContext};
+use crate::bridge::context::{fail_disconnected, is_done, resolve};
 use crate::bridge::names::names;
 use crate::bridge::waiter::Waiter;
 use crate::errors::ClientDisconnected;
-use crate::http::exchange::{BodyOut, ResponseHead};
-use crate::http::message::{body_bytes, message_type, parse_headers, parse_status};
+use crate::http::exchange::ResponseHead;
 use crate::websocket::shared::{
     has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
 };
@@ -81,17 +83,7 @@ fn disconnect<'py>(py: Python<'py>, code: u16, reason: &str) -> PyResult<Bound<'
 }
 
 fn plain_500() -> ResponseHead {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    ResponseHead {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        headers,
-        body: BodyOut::Full(Bytes::from_static(b"Internal Server Error")),
-    }
+    ResponseHead::plain(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
 }
 
 /// Close codes an endpoint may send (RFC 6455 §7.4; 1004-1006 and 1015 are
@@ -469,218 +461,30 @@ impl WebSocketProtocol {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (d, t) = message_type(message)?;
         let kind = t.to_str().unwrap_or("");
-        let shared = &self.ctx.shared;
-        let n = names(py);
-        let get = |k: &Py<PyString>| -> PyResult<Option<Bound<'py, PyAny>>> {
-            Ok(d.get_item(k.bind(py))?.filter(|v| !v.is_none()))
-        };
-        let mut st = self.st.lock();
+        let st = self.st.lock();
         match kind {
-            "websocket.send" => {
-                match st.phase {
-                    Phase::Accepted => {}
-                    Phase::Closed if self.client_left() => {
-                        return Err(ClientDisconnected::new_err("the WebSocket is closed"))
-                    }
-                    Phase::Closed => {
-                        return Err(PyRuntimeError::new_err(
-                            "websocket.send after websocket.close",
-                        ))
-                    }
-                    _ => {
-                        return Err(PyRuntimeError::new_err(
-                            "websocket.send before websocket.accept",
-                        ))
-                    }
-                }
-                let msg = match (get(&n.bytes)?, get(&n.text)?) {
-                    (Some(b), None) => {
-                        Outgoing::Ready(Message::Binary(body_bytes(&b, "websocket.send 'bytes'")?))
-                    }
-                    (None, Some(t)) => {
-                        let s = t.cast::<PyString>().map_err(|_| {
-                            PyTypeError::new_err(format!(
-                                "websocket.send 'text' must be a str, got {}",
-                                t.get_type()
-                                    .name()
-                                    .map(|n| n.to_string())
-                                    .unwrap_or_default()
-                            ))
-                        })?;
-                        // Validated now (lone surrogates raise here); copied
-                        // once it is queued.
-                        s.to_str()?;
-                        Outgoing::Text(s.clone().unbind())
-                    }
-                    _ => {
-                        return Err(PyRuntimeError::new_err(
-                            "websocket.send needs exactly one of 'bytes' or 'text'",
-                        ))
-                    }
-                };
-                drop(st);
-                self.queue_or_wait(py, msg)
-            }
-            "websocket.accept" => {
-                if !matches!(st.phase, Phase::Connecting | Phase::Handshake) {
-                    return Err(PyRuntimeError::new_err(
-                        "websocket.accept sent after the handshake was answered",
-                    ));
-                }
-                if self.client_left() {
-                    st.phase = Phase::Closed;
-                    return Err(ClientDisconnected::new_err(
-                        "the client left before the WebSocket was accepted",
-                    ));
-                }
-                let subprotocol = match get(&n.subprotocol)? {
-                    Some(p) => Some(
-                        p.cast::<PyString>()
-                            .map_err(|_| {
-                                PyTypeError::new_err(
-                                    "websocket.accept 'subprotocol' must be a str or None",
-                                )
-                            })?
-                            .to_str()?
-                            .to_owned(),
-                    ),
-                    None => None,
-                };
-                let headers = match get(&n.headers)? {
-                    Some(h) => parse_headers(&h, "websocket.accept")?,
-                    None => HeaderMap::new(),
-                };
-                st.phase = Phase::Accepted;
-                self.ws.decide(
-                    Decision::Accept {
-                        subprotocol,
-                        headers,
-                    },
-                    shared,
-                );
-                self.ctx.done(py)
-            }
-            "websocket.close" => {
-                let code: u16 = match get(&n.code)? {
-                    Some(c) => {
-                        let c: i64 = c.extract().map_err(|_| {
-                            PyTypeError::new_err("websocket.close 'code' must be an int")
-                        })?;
-                        u16::try_from(c)
-                            .ok()
-                            .filter(|c| sendable_code(*c))
-                            .ok_or_else(|| {
-                                PyRuntimeError::new_err(format!(
-                                    "websocket.close 'code' {c} may not be sent \
-                                 (1000-1003, 1007-1014 or 3000-4999)"
-                                ))
-                            })?
-                    }
-                    None => 1000,
-                };
-                let reason = match get(&n.reason)? {
-                    Some(r) => r
-                        .cast::<PyString>()
-                        .map_err(|_| {
-                            PyTypeError::new_err("websocket.close 'reason' must be a str")
-                        })?
-                        .to_str()?
-                        .to_owned(),
-                    None => String::new(),
-                };
-                if reason.len() > 123 {
-                    return Err(PyRuntimeError::new_err(
-                        "websocket.close 'reason' is longer than 123 bytes (RFC 6455 §5.5)",
-                    ));
-                }
-                match st.phase {
-                    Phase::Connecting | Phase::Handshake => {
-                        st.phase = Phase::Closed;
-                        if !self.client_left() {
-                            self.ws.decide(Decision::Deny, shared);
-                        }
-                        self.ws.lock().closed.get_or_insert((code, reason));
-                    }
-                    Phase::Accepted => {
-                        st.phase = Phase::Closed;
-                        drop(st);
-                        // Behind the messages of send() calls still waiting.
-                        return self.queue_or_wait(
-                            py,
-                            Outgoing::Ready(Message::Close(Some(CloseFrame {
-                                code: CloseCode::from(code),
-                                reason: reason.into(),
-                            }))),
-                        );
-                    }
-                    Phase::Responding => {
-                        return Err(PyRuntimeError::new_err(
-                            "websocket.close during websocket.http.response",
-                        ))
-                    }
-                    Phase::Closed => {
-                        if self.client_left() {
-                            return Err(ClientDisconnected::new_err("the WebSocket is closed"));
-                        }
-                        return Err(PyRuntimeError::new_err("websocket.close sent twice"));
-                    }
-                }
-                self.ctx.done(py)
-            }
-            "websocket.http.response.start" => {
-                if !matches!(st.phase, Phase::Connecting | Phase::Handshake) {
-                    return Err(PyRuntimeError::new_err(
-                        "websocket.http.response.start after the handshake was answered",
-                    ));
-                }
-                const WHAT: &str = "websocket.http.response.start";
-                let status = parse_status(get(&n.status)?, WHAT)?;
-                let headers = match get(&n.headers)? {
-                    Some(h) => parse_headers(&h, WHAT)?,
-                    None => HeaderMap::new(),
-                };
-                st.http_head = Some((status, headers));
-                st.phase = Phase::Responding;
-                self.ctx.done(py)
-            }
-            "websocket.http.response.body" => {
-                if st.phase != Phase::Responding {
-                    return Err(PyRuntimeError::new_err(
-                        "websocket.http.response.body before websocket.http.response.start",
-                    ));
-                }
-                if let Some(b) = get(&n.body)? {
-                    let b = body_bytes(&b, "websocket.http.response.body 'body'")?;
-                    st.http_body.extend_from_slice(&b);
-                }
-                let more = match get(&n.more_body)? {
-                    Some(m) => m.is_truthy()?,
-                    None => false,
-                };
-                if !more {
-                    let (status, headers) = st.http_head.take().unwrap_or_default();
-                    let body = std::mem::take(&mut st.http_body).freeze();
-                    st.phase = Phase::Closed;
-                    if !self.client_left() {
-                        self.ws.decide(
-                            Decision::Respond(ResponseHead {
-                                status,
-                                headers,
-                                body: BodyOut::Full(body),
-                            }),
-                            shared,
-                        );
-                    }
-                    self.ws
-                        .lock()
-                        .closed
-                        .get_or_insert((ABNORMAL, String::new()));
-                }
-                self.ctx.done(py)
-            }
+            "websocket.send" => self.send_message(py, &d, st),
+            "websocket.accept" => self.accept(py, &d, st),
+            "websocket.close" => self.close(py, &d, st),
+            "websocket.http.response.start" => self.response_start(py, &d, st),
+            "websocket.http.response.body" => self.response_body(py, &d, st),
             other => Err(PyRuntimeError::new_err(format!(
                 "unexpected ASGI message type {other:?} on a WebSocket connection"
             ))),
         }
+    }
+}
+
+impl crate::bridge::owner::TaskOwner for WebSocketProtocol {
+    fn on_return(&self, py: Python<'_>) {
+        WebSocketProtocol::on_return(self, py);
+    }
+
+    fn on_error(&self, py: Python<'_>, err: PyErr) {
+        WebSocketProtocol::on_error(self, py, err);
+    }
+
+    fn on_cancel(&self, py: Python<'_>) {
+        WebSocketProtocol::on_cancel(self, py);
     }
 }

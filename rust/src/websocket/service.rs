@@ -2,7 +2,7 @@
 //! decision, then answer — 101 on HTTP/1.1 or 200 to an HTTP/2 extended
 //! CONNECT (RFC 8441 §5), and start the driver; 403; or the app's own HTTP
 //! response. Nothing reaches the wire before the app has decided. The
-//! protocol's driver (`http::conn`, `http::h2conn`) finds the accepted
+//! protocol's driver (`proto::h1`, `proto::h2`) finds the accepted
 //! WebSocket in `ConnCtx::upgrade` once the response is out.
 
 use std::future::poll_fn;
@@ -17,13 +17,13 @@ use hyper::upgrade::OnUpgrade;
 
 use crate::bridge::queue::Event;
 use crate::http::body::ResponseBody;
-use crate::http::conn::{BusyGuard, ConnCtx};
+use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::exchange::{BodyOut, Exchange};
 use crate::http::service::HttpRequest;
-use crate::server::Shared;
 use crate::websocket::handshake;
 use crate::websocket::shared::{Decision, WsShared, ABNORMAL};
 use crate::wire::ws_extension;
+use crate::worker::Worker;
 
 /// A handshake on its way to the application.
 pub(crate) struct WsRequest {
@@ -38,7 +38,7 @@ pub(crate) struct WsRequest {
 /// (hyper drops it when the client disconnects).
 struct LeftGuard<'a> {
     ws: &'a Arc<WsShared>,
-    shared: &'a Shared,
+    shared: &'a Worker,
     armed: bool,
 }
 
@@ -74,16 +74,13 @@ pub(crate) async fn handle(
     let resp = decide(parts, Arc::clone(&conn), busy).await;
     if let Some((parts, received)) = logged {
         let bytes = resp.body().size_hint().exact().unwrap_or(0);
-        conn.shared.queue.push(Event::Access(
-            Box::new(HttpRequest {
-                parts,
-                exch: Arc::new(Exchange::default()),
-                conn: Arc::clone(&conn),
-                received: Some(received),
-            }),
-            resp.status().as_u16(),
-            bytes,
-        ));
+        conn.shared.queue.push(Event::Run(Box::new(HttpRequest {
+            parts,
+            exch: Arc::new(Exchange::default()),
+            conn: Arc::clone(&conn),
+            received: Some(received),
+            rejected: Some((resp.status().as_u16(), bytes)),
+        })));
     }
     resp
 }
@@ -134,7 +131,7 @@ async fn decide(
         Ok(k) => k,
         Err(r) => return respond(handshake::plain(r.status, r.message), busy),
     };
-    // The upgrade is taken over by the connection task (see http::conn),
+    // The upgrade is taken over by the connection task (see proto::h1),
     // not through hyper's `OnUpgrade`; on HTTP/2 the driver took it first.
     drop(parts.extensions.remove::<OnUpgrade>());
     let subprotocols = handshake::subprotocols(&parts.headers);
@@ -157,7 +154,8 @@ async fn decide(
         shared: &shared,
         armed: true,
     };
-    shared.queue.push(Event::WebSocket(Box::new(WsRequest {
+    ws.attach(&conn.listener.app);
+    shared.queue.push(Event::Run(Box::new(WsRequest {
         parts,
         ws: Arc::clone(&ws),
         conn: Arc::clone(&conn),
@@ -185,7 +183,8 @@ async fn decide(
                     // Once hyper has written the 101 (the 200) it hands the
                     // socket (the stream) to the protocol's driver, which
                     // runs the WebSocket.
-                    *conn.upgrade.lock() = Some(Arc::clone(&ws));
+                    *conn.upgrade.lock() =
+                        Some(Arc::clone(&ws) as Arc<dyn std::any::Any + Send + Sync>);
                     (status, headers)
                 }
                 Err(e) => {

@@ -11,20 +11,20 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use http::HeaderMap;
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
-
-use crate::bridge::waiter::Waiter;
 use tungstenite::Message;
 
-use crate::bridge::queue::Event;
+use crate::asgi::context::AppContext;
+use crate::bridge::queue::{Event, Wake};
+use crate::bridge::waiter::Waiter;
 use crate::config::Config;
 use crate::http::exchange::ResponseHead;
-use crate::server::Shared;
+use crate::worker::Worker;
 
 /// Most `receive()` (and, separately, `send()`) calls that may wait on one
 /// WebSocket at once; one more raises `RuntimeError`. Cancelled calls do
@@ -95,11 +95,25 @@ pub(crate) struct WsState {
     pub(crate) deflate: Option<crate::wire::ws_extension::Agreed>,
 }
 
-/// Shared per-WebSocket state.
+/// Worker per-WebSocket state.
 #[derive(Default)]
 pub(crate) struct WsShared {
     st: Mutex<WsState>,
     queued: AtomicBool,
+    /// The application context its wakes run in (see [`WsShared::attach`]).
+    app: OnceLock<Arc<AppContext>>,
+}
+
+impl Wake for WsShared {
+    fn unqueue(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    fn wake(self: Arc<Self>, py: Python<'_>) {
+        if let Some(ctx) = self.app.get() {
+            crate::websocket::protocol::on_wake(py, ctx, &self);
+        }
+    }
 }
 
 impl WsShared {
@@ -108,14 +122,18 @@ impl WsShared {
     }
 
     /// Asks the asyncio thread to look at this socket's waiters.
-    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Shared) {
+    pub(crate) fn needs_python(self: &Arc<Self>, shared: &Worker) {
         if !self.queued.swap(true, Ordering::AcqRel) {
-            shared.queue.push(Event::WsWake(Arc::clone(self)));
+            shared
+                .queue
+                .push(Event::Wake(Arc::clone(self) as Arc<dyn Wake>));
         }
     }
 
-    pub(crate) fn unqueue(&self) {
-        self.queued.store(false, Ordering::Release);
+    /// Ties the socket to the application context its wakes run in (once,
+    /// before its handshake is queued).
+    pub(crate) fn attach(&self, app: &Arc<AppContext>) {
+        let _ = self.app.set(Arc::clone(app));
     }
 
     /// Tokio side: waits for the app's handshake decision.
@@ -129,7 +147,7 @@ impl WsShared {
     }
 
     /// Tokio side: the connection ended with `(code, reason)`; wake the app.
-    pub(crate) fn close(self: &Arc<Self>, code: u16, reason: String, shared: &Shared) {
+    pub(crate) fn close(self: &Arc<Self>, code: u16, reason: String, shared: &Worker) {
         let mut st = self.st.lock();
         if st.closed.is_some() {
             return;
@@ -143,7 +161,7 @@ impl WsShared {
     }
 
     /// Python side: hands the decision to the Tokio side.
-    pub(crate) fn decide(&self, decision: Decision, shared: &Shared) {
+    pub(crate) fn decide(&self, decision: Decision, shared: &Worker) {
         let mut st = self.st.lock();
         st.decision = Some(decision);
         wake_tokio(&mut st, shared);
@@ -196,7 +214,7 @@ pub(crate) fn register(slot: &mut Option<Waker>, cx: &mut Context<'_>) {
 }
 
 /// Python side: wakes the Tokio task waiting on this socket (batched).
-pub(crate) fn wake_tokio(st: &mut WsState, shared: &Shared) {
+pub(crate) fn wake_tokio(st: &mut WsState, shared: &Worker) {
     if let Some(w) = st.tokio_waker.take() {
         shared.wakeups.wake(w);
     }

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use http::header::{
-    CONNECTION, CONTENT_TYPE, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_PROTOCOL,
+    CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_PROTOCOL,
     SEC_WEBSOCKET_VERSION, UPGRADE,
 };
 use http::request::Parts;
@@ -181,11 +181,7 @@ pub fn plain(status: StatusCode, message: &str) -> Response<Bytes> {
     let mut resp = Response::new(Bytes::copy_from_slice(message.as_bytes()));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    h.insert(CONNECTION, HeaderValue::from_static("close"));
+    crate::wire::response::plain_text_fields(h);
     if status == StatusCode::UPGRADE_REQUIRED {
         h.insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
     }

@@ -3,8 +3,20 @@
 //! declares (RFC 9110 §8.6), so the server can hold the app to it and never
 //! put more on the wire than the head announced.
 
-use http::header::CONTENT_LENGTH;
-use http::{HeaderMap, StatusCode};
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+/// The header fields of every plain-text answer the server makes itself
+/// (a refused request, a failed app, a refused WebSocket handshake): UTF-8
+/// text, and `Connection: close` (the connection's state is not trusted
+/// after the error).
+pub fn plain_text_fields(headers: &mut HeaderMap) {
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CONNECTION, HeaderValue::from_static("close"));
+}
 
 /// Whether a response with `status` may carry content at all: not 1xx, 204
 /// or 304.

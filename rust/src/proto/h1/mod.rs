@@ -14,42 +14,26 @@
 //!   hands the socket back the same way; the WebSocket driver then runs in
 //!   this connection's task, under the same stop orders.
 
+use std::any::Any;
 use std::future::{poll_fn, Future};
-use std::net::SocketAddr;
 use std::pin::{pin, Pin};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::Bytes;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use parking_lot::Mutex;
-use pyo3::prelude::*;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::OwnedSemaphorePermit;
 
-use crate::http::activity::{clock_ms, deadline_at, Activity, Timeouts, Verdict};
-use crate::http::interim::InterimSlot;
+use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
+use crate::http::ctx::{head_parsed, ConnCtx, DRAIN_IDLE};
 use crate::http::io::{ConnIo, Readiness};
-use crate::http::service;
-use crate::server::connections::{Member, Order};
-use crate::server::tls::TlsInfo;
-use crate::server::Shared;
-use crate::websocket::shared::WsShared;
+use crate::metrics::OpenGauge;
+use crate::worker::connections::{Member, Order};
 
 /// An idle keep-alive connection is parked after this long.
 pub(crate) const PARK_AFTER: Duration = Duration::from_millis(250);
-
-/// How long a draining worker keeps an idle keep-alive connection open for
-/// a request its client may already have sent (capped by the keep-alive
-/// timeout). A request that arrives is served with `Connection: close`;
-/// a connection still idle after this is closed. Clients sending back to
-/// back get their close in a response and lose nothing, POSTs included;
-/// only a client that sends its first request after a silence of this
-/// long, in the very moment of the close, can still race it. HTTP/2 uses
-/// it too: a draining connection with no stream open (`h2conn::serve`).
-pub(crate) const DRAIN_IDLE: Duration = Duration::from_millis(1000);
 
 /// How long closing a connection may wait for its last bytes (a TLS
 /// close_notify) to be taken by the client.
@@ -86,170 +70,6 @@ fn passed(at: u64) -> bool {
     clock_ms() + 5 >= at
 }
 
-/// Where a listener is bound, for `scope["server"]`.
-#[derive(Debug, Clone)]
-pub(crate) enum LocalAddr {
-    Tcp(SocketAddr),
-    Unix(String),
-}
-
-/// Per-listener data shared by its connections.
-pub(crate) struct ListenerInfo {
-    pub(crate) local: LocalAddr,
-    /// `scope["server"]`, built once on the asyncio thread.
-    pub(crate) py_server: OnceLock<Py<PyAny>>,
-}
-
-/// Per-connection data shared by its requests.
-pub(crate) struct ConnCtx {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) listener: Arc<ListenerInfo>,
-    /// The peer; `None` for Unix sockets.
-    pub(crate) peer: Option<SocketAddr>,
-    /// `scope["client"]`, built once on the asyncio thread.
-    pub(crate) py_client: OnceLock<Py<PyAny>>,
-    pub(crate) activity: Activity,
-    /// This connection's slot under the connection limit; held for as long
-    /// as anything (the connection task, or a WebSocket it became) keeps
-    /// the context alive.
-    _permit: Option<OwnedSemaphorePermit>,
-    /// Set by the WebSocket service when the app accepts: once hyper has
-    /// written the 101, the socket goes to the WebSocket driver.
-    pub(crate) upgrade: Mutex<Option<Arc<WsShared>>>,
-    /// The TLS session's facts, for the scope's `tls` extension.
-    pub(crate) tls: Option<Box<TlsInfo>>,
-    /// hyper's read, parked on a hidden end of stream (see
-    /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
-    pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
-    /// A duplicate of the socket, taken when a hidden end of stream is
-    /// read (HTTP/1.1): `send()` peeks at it to tell a client that left
-    /// (its kernel answered our next write with a reset) from one that only
-    /// half-closed (see [`Exchange::gone_now`](crate::http::exchange::Exchange::gone_now)).
-    pub(crate) eof_probe: Mutex<Option<Arc<std::os::fd::OwnedFd>>>,
-    /// Interim (1xx) responses on their way past hyper: the connection's,
-    /// shared by its HTTP/2 streams.
-    pub(crate) interim: Arc<InterimSlot>,
-    /// HTTP/2: the stream this context is for (see `h2io`).
-    pub(crate) h2_stream: Option<u32>,
-}
-
-impl ConnCtx {
-    /// The request in progress is a WebSocket handshake: an end of stream
-    /// is the client leaving, not a half close to hide; one already hidden
-    /// is shown to hyper now.
-    pub(crate) fn not_plain_http(&self) {
-        self.activity.set_plain_http(false);
-        if self.activity.peer_eof() {
-            if let Some(w) = self.eof_waker.lock().take() {
-                w.wake();
-            }
-        }
-    }
-
-    /// Whether an interim response can reach this request's client: on
-    /// HTTP/1.1, and on HTTP/2 streams whose id is known on a connection
-    /// that has not turned them off (see `h2io`); never on HTTP/1.0.
-    pub(crate) fn sends_interim(&self, version: http::Version) -> bool {
-        match version {
-            http::Version::HTTP_11 => true,
-            http::Version::HTTP_2 => self.h2_stream.is_some() && !self.interim.is_off(),
-            _ => false,
-        }
-    }
-
-    /// The context of one HTTP/2 stream: the connection's facts, its own
-    /// [`Activity`] (the stream's deadlines). The connection's slot under
-    /// the limit stays with the connection.
-    pub(crate) fn for_stream(&self, stream: Option<u32>) -> ConnCtx {
-        ConnCtx {
-            shared: Arc::clone(&self.shared),
-            listener: Arc::clone(&self.listener),
-            peer: self.peer,
-            py_client: OnceLock::new(),
-            activity: Activity::new(),
-            _permit: None,
-            upgrade: Mutex::new(None),
-            tls: self.tls.clone(),
-            eof_waker: Mutex::new(None),
-            eof_probe: Mutex::new(None),
-            interim: Arc::clone(&self.interim),
-            h2_stream: stream,
-        }
-    }
-}
-
-/// Whether a new connection speaks HTTP/2: ALPN chose `h2` on TLS; on
-/// cleartext, with prior knowledge enabled, it opens with the preface.
-/// With HTTP/1.1 disabled every connection is HTTP/2.
-async fn wants_h2<I: AsyncRead + Unpin>(io: &mut ConnIo<I>, ctx: &ConnCtx) -> bool {
-    let Some(h2) = &ctx.shared.config.http2 else {
-        return false;
-    };
-    if !h2.http1 {
-        return true;
-    }
-    if let Some(tls) = &ctx.tls {
-        return tls.h2;
-    }
-    h2.prior_knowledge
-        && crate::http::h2conn::sniff_preface(io, ctx.shared.config.header_read_timeout).await
-}
-
-/// Marks the connection busy for the lifetime of one request/response;
-/// meters the request when metrics are on, and holds its
-/// `limit_concurrency` slot, if any, as long.
-pub(crate) struct BusyGuard(
-    Arc<ConnCtx>,
-    Option<crate::metrics::RequestMeter>,
-    Option<crate::server::concurrency::Slot>,
-);
-
-impl BusyGuard {
-    /// Takes over the request that [`head_parsed`] started, unmetered
-    /// (the health path's requests stay out of the metrics).
-    pub(crate) fn new(conn: &Arc<ConnCtx>) -> Self {
-        BusyGuard(Arc::clone(conn), None, None)
-    }
-
-    /// Meters this request (when metrics are on).
-    pub(crate) fn meter(&mut self, method: &http::Method, version: http::Version) {
-        self.1 = self.0.shared.metrics.request(method, version);
-    }
-
-    /// Keeps `slot` until the response is written (or dropped).
-    pub(crate) fn hold(&mut self, slot: Option<crate::server::concurrency::Slot>) {
-        self.2 = slot;
-    }
-
-    /// The response's status, for the metrics.
-    #[inline]
-    pub(crate) fn responded(&mut self, status: http::StatusCode) {
-        if let Some(m) = &mut self.1 {
-            m.set_status(status);
-        }
-    }
-}
-
-/// A request head was parsed: the request is in progress from now (hyper
-/// reads on before it first polls the service, and an end of stream it
-/// reads then is a half close to hide, not an idle connection's end).
-fn head_parsed(ctx: &ConnCtx) {
-    ctx.activity.start_request();
-    ctx.activity.set_plain_http(true);
-}
-
-impl Drop for BusyGuard {
-    fn drop(&mut self) {
-        self.0.activity.end_request();
-        if self.0.activity.peer_eof() {
-            // hyper may now read the end of stream it was not shown.
-            if let Some(w) = self.0.eof_waker.lock().take() {
-                w.wake();
-            }
-        }
-    }
-}
-
 /// Why hyper stopped serving the socket.
 enum Stopped {
     /// The connection is over (closed, failed, timed out, ordered to stop).
@@ -260,7 +80,7 @@ enum Stopped {
 
 /// Waits, without hyper, until the socket is readable. `Err(reason)` if the
 /// connection must close instead.
-async fn wait_readable<I: Readiness>(
+pub(crate) async fn wait_readable<I: Readiness>(
     io: &mut ConnIo<I>,
     ctx: &ConnCtx,
     member: &Member<'_>,
@@ -323,69 +143,46 @@ async fn wait_readable<I: Readiness>(
     .await
 }
 
-/// Serves one connection until it closes, times out, or the server orders
-/// it to stop (see [`Connections::order_all`](crate::server::connections::Connections::order_all)).
+/// How an HTTP/1.1 connection ended.
+pub(crate) enum End<I> {
+    /// Closed: the reason, for the debug line.
+    Closed(&'static str),
+    /// The app accepted a WebSocket: hyper wrote the 101 and handed the
+    /// socket back, with the accepted socket's state (see
+    /// [`ConnCtx::upgrade`]); the gauge keeps the connection counted as
+    /// HTTP/1.1 meanwhile.
+    Upgraded(ConnIo<I>, Arc<dyn Any + Send + Sync>, Option<OpenGauge>),
+}
+
+/// Serves HTTP/1.1 on a socket that has become readable, until the
+/// connection ends or is upgraded; an idle connection is parked between
+/// requests (see the module docs).
 pub(crate) async fn serve<I>(
-    io: I,
-    shared: Arc<Shared>,
-    listener: Arc<ListenerInfo>,
-    peer: Option<SocketAddr>,
-    permit: Option<OwnedSemaphorePermit>,
-    tls: Option<Box<TlsInfo>>,
-) where
+    mut io: ConnIo<I>,
+    ctx: &Arc<ConnCtx>,
+    member: &Member<'_>,
+    builder: &http1::Builder,
+) -> End<I>
+where
     I: AsyncRead + AsyncWrite + Readiness + Unpin + Send + 'static,
 {
-    let member = shared.connections.join();
-    let ctx = Arc::new(ConnCtx {
-        shared: Arc::clone(&shared),
-        listener,
-        peer,
-        py_client: OnceLock::new(),
-        activity: Activity::new(),
-        _permit: permit,
-        upgrade: Mutex::new(None),
-        tls,
-        eof_waker: Mutex::new(None),
-        eof_probe: Mutex::new(None),
-        interim: Arc::default(),
-        h2_stream: None,
-    });
-    let mut io = ConnIo {
-        inner: io,
-        prefix: Bytes::new(),
-        conn: Arc::clone(&ctx),
-        scan: crate::http::headscan::HeadScan::new(shared.config.limits.field_size),
-        line: Default::default(),
-    };
+    let shared = &ctx.shared;
     let mut svc = {
-        let ctx = Arc::clone(&ctx);
+        let ctx = Arc::clone(ctx);
         // Boxed: hyper's socket hand-back (`poll_without_shutdown`) needs an
         // `Unpin` service future.
         service_fn(move |req| {
             head_parsed(&ctx);
-            Box::pin(service::handle(req, Arc::clone(&ctx)))
+            Box::pin(super::dispatch::handle(req, Arc::clone(&ctx)))
         })
     };
-    let mut first = true;
     let mut open = None;
     let why = loop {
-        // Parked (a new connection starts here): no hyper state at all.
-        if let Err(reason) = wait_readable(&mut io, &ctx, &member).await {
-            break reason;
-        }
-        if std::mem::take(&mut first) && wants_h2(&mut io, &ctx).await {
-            if let Some(h2) = &shared.http2 {
-                io.scan = None;
-                let _open = shared.metrics.connection(crate::metrics::Proto::Http2);
-                io.stop_line_scan();
-                break crate::http::h2conn::serve(io, &ctx, &member, h2).await;
-            }
-        }
         open.get_or_insert_with(|| shared.metrics.connection(crate::metrics::Proto::Http1));
-        // Boxed, like the WebSocket driver below: a parked connection's task
-        // then holds only a pointer where an active one holds hyper's state.
-        let mut conn = Box::new(shared.http1.serve_connection(TokioIo::new(io), svc));
-        let stopped = Box::pin(drive(&mut conn, &ctx, &member)).await;
+        // Boxed, like the WebSocket driver: a parked connection's task then
+        // holds only a pointer where an active one holds hyper's state.
+        let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), svc));
+        let stopped = Box::pin(drive(&mut conn, ctx, member)).await;
         let parts = conn.into_parts();
         io = parts.io.into_inner();
         svc = parts.service;
@@ -394,35 +191,21 @@ pub(crate) async fn serve<I>(
         }
         let upgraded = ctx.upgrade.lock().take();
         if let Some(ws) = upgraded {
-            io.scan = None;
-            io.stop_line_scan();
-            Box::pin(crate::websocket::driver::run(io, ws, &ctx, &member)).await;
-            return;
+            return End::Upgraded(io, ws, open);
         }
         match stopped {
             Stopped::Parked => {
                 shared.trim.parked();
-                continue;
+                // Parked: no hyper state at all until the socket is readable.
+                if let Err(reason) = wait_readable(&mut io, ctx, member).await {
+                    break reason;
+                }
             }
             Stopped::Ended(_) if io.request_line_too_long() => {
                 // hyper read no complete head and wrote nothing (see
                 // `LineScan`): the answer is Skirr's, then a lingering
                 // close, so the client reads it rather than a reset.
-                let answer = uri_too_long();
-                let _ = tokio::time::timeout(SHUTDOWN_WAIT, async {
-                    io.write_all(&answer).await?;
-                    io.shutdown().await?;
-                    let mut sink = vec![0u8; 16 * 1024];
-                    let mut left = LINGER_BYTES;
-                    while left > 0 {
-                        match tokio::io::AsyncReadExt::read(&mut io.inner, &mut sink).await? {
-                            0 => break,
-                            n => left = left.saturating_sub(n),
-                        }
-                    }
-                    std::io::Result::Ok(())
-                })
-                .await;
+                answer_uri_too_long(&mut io).await;
                 break "request line too long";
             }
             Stopped::Ended(reason) => {
@@ -435,7 +218,50 @@ pub(crate) async fn serve<I>(
             }
         }
     };
-    tracing::debug!("connection from {:?} done: {why}", peer);
+    End::Closed(why)
+}
+
+/// Writes the `414` for a request line too long to buffer, then closes
+/// lingering: the client reads the answer rather than a reset.
+async fn answer_uri_too_long<I>(io: &mut ConnIo<I>)
+where
+    I: AsyncRead + AsyncWrite + Readiness + Unpin,
+{
+    let answer = uri_too_long();
+    let _ = tokio::time::timeout(SHUTDOWN_WAIT, async {
+        io.write_all(&answer).await?;
+        io.shutdown().await?;
+        let mut sink = vec![0u8; 16 * 1024];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match tokio::io::AsyncReadExt::read(&mut io.inner, &mut sink).await? {
+                0 => break,
+                n => left = left.saturating_sub(n),
+            }
+        }
+        std::io::Result::Ok(())
+    })
+    .await;
+}
+
+/// Why hyper handed the socket back: an error, a park we asked for
+/// (`parked`), or the connection's end.
+fn stopped(ctx: &ConnCtx, res: hyper::Result<()>, parked: bool) -> Stopped {
+    if let Err(e) = res {
+        if e.is_parse_too_large() {
+            // hyper answered 431 itself (fields, field size, head size).
+            ctx.shared
+                .metrics
+                .refused(crate::metrics::Limit::RequestHead);
+        }
+        tracing::debug!("connection ended: {e}");
+        return Stopped::Ended("error");
+    }
+    if parked {
+        Stopped::Parked
+    } else {
+        Stopped::Ended("closed")
+    }
 }
 
 /// Runs hyper on the socket until the connection ends, is parked, or is
@@ -522,21 +348,7 @@ where
             _ => {}
         }
         if let Poll::Ready(res) = conn.poll_without_shutdown(cx) {
-            if let Err(e) = res {
-                if e.is_parse_too_large() {
-                    // hyper answered 431 itself (fields, field size, head size).
-                    ctx.shared
-                        .metrics
-                        .refused(crate::metrics::Limit::RequestHead);
-                }
-                tracing::debug!("connection ended: {e}");
-                return Poll::Ready(Stopped::Ended("error"));
-            }
-            return Poll::Ready(if parking && !draining {
-                Stopped::Parked
-            } else {
-                Stopped::Ended("closed")
-            });
+            return Poll::Ready(stopped(ctx, res, parking && !draining));
         }
         if member.order() == Order::Drain
             && !draining
@@ -583,7 +395,7 @@ where
                     Verdict::Close(reason) => return Poll::Ready(Stopped::Ended(reason)),
                     Verdict::Expire(e) => {
                         // The request's service answers it when hyper polls
-                        // it next (see `service::check_deadlines`).
+                        // it next (see `pump::check_deadlines`).
                         ctx.activity.expire(e);
                         timer
                             .as_mut()

@@ -11,10 +11,11 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::http::conn::{serve, ListenerInfo};
+use crate::http::ctx::ListenerInfo;
+use crate::proto::{serve, Builders};
 use crate::server::tls;
-use crate::server::Shared;
 use crate::wire::proxy_protocol::{self, Parsed, MAX_HEADER};
+use crate::worker::Worker;
 
 /// Reads a PROXY protocol header without reading past it (the bytes after
 /// it belong to TLS or HTTP): peek until the header is complete, then
@@ -53,8 +54,9 @@ async fn read_proxy_header(
 /// configured, then HTTP ([`serve`]).
 pub(crate) async fn serve_tcp(
     mut tcp: TcpStream,
-    shared: Arc<Shared>,
+    shared: Arc<Worker>,
     listener: Arc<ListenerInfo>,
+    builders: Arc<Builders>,
     mut peer: SocketAddr,
     permit: Option<OwnedSemaphorePermit>,
 ) {
@@ -78,7 +80,7 @@ pub(crate) async fn serve_tcp(
         }
     }
     let Some(acceptor) = shared.tls.clone() else {
-        serve(tcp, shared, listener, Some(peer), permit, None).await;
+        serve(tcp, shared, listener, builders, Some(peer), permit, None).await;
         return;
     };
     let Some(stream) = tls::handshake(&acceptor, tcp, &shared, peer).await else {
@@ -89,6 +91,7 @@ pub(crate) async fn serve_tcp(
         stream,
         shared,
         listener,
+        builders,
         Some(peer),
         permit,
         Some(Box::new(info)),

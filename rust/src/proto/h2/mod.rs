@@ -1,7 +1,7 @@
 //! One HTTP/2 connection: hyper's HTTP/2 state machine, with the same
 //! [`service::handle`] per stream as HTTP/1.1.
 //!
-//! What HTTP/1.1's driver ([`conn`](crate::http::conn)) keeps per
+//! What HTTP/1.1's driver ([`h1`](crate::proto::h1)) keeps per
 //! connection is per stream here:
 //!
 //! * Each stream gets its own [`ConnCtx`] (sharing the connection's peer,
@@ -29,6 +29,8 @@
 //!   ([`Watched`]); a response stalled that long has its task dropped,
 //!   which resets the stream (CANCEL) and tells the app the client is gone.
 
+pub(crate) mod io;
+
 use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
@@ -50,12 +52,13 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Http2};
 use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
 use crate::http::body::ResponseBody;
-use crate::http::conn::{ConnCtx, DRAIN_IDLE};
+use crate::http::ctx::{ConnCtx, DRAIN_IDLE};
 use crate::http::exchange::Aborted;
-use crate::http::h2io::{self, H2Io};
+use crate::websocket::shared::WsShared;
+
+use self::io::{self as h2io, H2Io};
 use crate::http::io::{ConnIo, Readiness};
-use crate::http::service;
-use crate::server::connections::{Member, Order};
+use crate::worker::connections::{Member, Order};
 
 /// The connection preface of HTTP/2 (RFC 9113 §3.4).
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -100,7 +103,7 @@ where
 const SEND_PIECE: usize = 16 * 1024;
 
 /// Whether a stream's response is stalled on the client, for
-/// `send_timeout`. Shared by the stream's body (which sees hyper take
+/// `send_timeout`. Worker by the stream's body (which sees hyper take
 /// data) and its task's wrapper ([`Watched`], which acts).
 struct SendWatch {
     /// Since when hyper holds a piece of the body it has not sent on
@@ -238,7 +241,19 @@ struct Streams {
     websockets: AtomicUsize,
     /// When the last stream closed ([`clock_ms`]).
     since_ms: AtomicU64,
+    /// Runs the WebSocket driver on an accepted RFC 8441 stream.
+    ws_start: Option<WsStart>,
 }
+
+/// An RFC 8441 stream handed over by hyper, as the WebSocket driver reads it.
+pub(crate) type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
+
+/// The WebSocket driver's run over an [`Upgraded`] stream.
+pub(crate) type WsRun = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Starts the WebSocket driver (given by `proto`, so that this driver
+/// does not name another).
+pub(crate) type WsStart = fn(Upgraded, Arc<WsShared>, Arc<ConnCtx>) -> WsRun;
 
 /// Counts a stream open from its head until its response is written or
 /// dropped.
@@ -259,7 +274,7 @@ impl Drop for StreamGuard {
 }
 
 /// A stream's deadline timer: records a passed deadline in the stream's
-/// activity (answered by the service, see `service::check_deadlines`).
+/// activity (answered by the service, see `pump::check_deadlines`).
 /// With `send_timeout` on, it also carries the stream's [`SendWatch`] and
 /// the rest of a body chunk being handed to hyper in pieces.
 struct StreamTimer {
@@ -372,20 +387,20 @@ struct Deadlines<F> {
 /// sent the 200 and handed the stream over.
 fn start_websocket(
     upgrade: OnUpgrade,
-    ws: Arc<crate::websocket::shared::WsShared>,
+    ws: Arc<WsShared>,
     stream: Arc<ConnCtx>,
     streams: &Arc<Streams>,
 ) {
+    let Some(run) = streams.ws_start else {
+        return;
+    };
     let guard = StreamGuard::new(streams);
     let streams = Arc::clone(streams);
     let shared = Arc::clone(&stream.shared);
     shared.tracker.clone().spawn(async move {
         streams.websockets.fetch_add(1, Ordering::Relaxed);
         match upgrade.await {
-            Ok(up) => {
-                let member = shared.connections.join();
-                crate::websocket::driver::run(TokioIo::new(up), ws, &stream, &member).await;
-            }
+            Ok(up) => run(TokioIo::new(up), ws, stream).await,
             Err(e) => {
                 tracing::debug!("HTTP/2 WebSocket stream ended before it started: {e}");
                 ws.close(crate::websocket::shared::ABNORMAL, String::new(), &shared);
@@ -407,6 +422,7 @@ where
         loop {
             if let Poll::Ready(Ok(resp)) = this.inner.as_mut().poll(cx) {
                 let accepted = this.stream.upgrade.lock().take();
+                let accepted = accepted.and_then(|ws| ws.downcast::<WsShared>().ok());
                 if let (Some(ws), Some(up)) = (accepted, this.upgrade.take()) {
                     start_websocket(up, ws, Arc::clone(&this.stream), &this.streams);
                 }
@@ -492,11 +508,15 @@ pub(crate) async fn serve<I>(
     ctx: &Arc<ConnCtx>,
     member: &Member<'_>,
     builder: &http2::Builder<StreamExec>,
+    ws_start: WsStart,
 ) -> &'static str
 where
     I: AsyncRead + AsyncWrite + Readiness + Unpin + Send + 'static,
 {
-    let streams = Arc::new(Streams::default());
+    let streams = Arc::new(Streams {
+        ws_start: Some(ws_start),
+        ..Streams::default()
+    });
     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
     // Marks the stream-id fields of this connection's requests (see `h2io`).
     let token = h2io::new_token();
@@ -511,7 +531,7 @@ where
             let upgrade =
                 (req.method() == hyper::Method::CONNECT).then(|| hyper::upgrade::on(&mut req));
             Deadlines {
-                inner: Box::pin(service::handle(req, Arc::clone(&stream))),
+                inner: Box::pin(super::dispatch::handle(req, Arc::clone(&stream))),
                 timer: Some(StreamTimer::new(Arc::clone(&stream))),
                 guard: Some(guard),
                 upgrade,

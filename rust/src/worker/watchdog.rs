@@ -28,12 +28,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue};
 use tokio::sync::watch;
 
-use crate::bridge::queue::Event;
-use crate::http::activity::clock_ms;
-use crate::server::Shared;
+use crate::worker::clock::clock_ms;
+use crate::worker::Worker;
 
 /// The body of the watchdog's `503` (one line, as the server's other
 /// answers).
@@ -117,7 +116,7 @@ impl Watchdog {
     }
 
     /// Checks the loop until the runtime stops: see the module docs.
-    pub(crate) async fn run(shared: Arc<Shared>) {
+    pub(crate) async fn run(shared: Arc<Worker>) {
         let w = &shared.watchdog;
         if !w.enabled() {
             return;
@@ -186,19 +185,11 @@ impl Watchdog {
 }
 
 /// Answers `503` to every request the loop has not handed to the app.
-fn refuse_queued(shared: &Shared) {
+fn refuse_queued(shared: &Worker) {
     let mut refused = Vec::new();
     shared.queue.take_unstarted(&mut refused);
-    for req in refused {
-        shared.metrics.refused(crate::metrics::Limit::LoopStall);
-        req.exch
-            .reject(StatusCode::SERVICE_UNAVAILABLE, REASON, shared);
-        if shared.config.access_log && shared.watchdog.may_log_refusal() {
-            // Logged when the loop runs again (or lost with the worker).
-            shared
-                .queue
-                .push(Event::Access(req, 503, REASON.len() as u64));
-        }
+    for job in refused {
+        job.refuse();
     }
 }
 
@@ -227,7 +218,7 @@ pub(crate) struct Gate {
 impl Gate {
     /// The gate of one listening socket: shut while stalled unless the
     /// socket is this worker's own (`SO_REUSEPORT`), or the watchdog is off.
-    pub(crate) fn new(shared: &Shared, fd: std::os::fd::BorrowedFd<'_>) -> Self {
+    pub(crate) fn new(shared: &Worker, fd: std::os::fd::BorrowedFd<'_>) -> Self {
         let own = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::ReusePort)
             .unwrap_or(false);
         Gate {

@@ -8,7 +8,7 @@ use std::task::Waker;
 
 use parking_lot::Mutex;
 
-use crate::http::activity::clock_ms;
+use crate::worker::clock::clock_ms;
 
 /// What the server asks of a connection.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

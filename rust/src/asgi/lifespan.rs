@@ -13,16 +13,16 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tokio::sync::oneshot;
 
+use crate::asgi::context::AppContext;
+use crate::asgi::message::{is, message_type};
 use crate::bridge::awaitable::ready;
-use crate::bridge::context::{resolve, AppContext};
+use crate::bridge::context::resolve;
 use crate::bridge::names::names;
 use crate::bridge::owner::Owner;
-use crate::bridge::queue::Event;
+use crate::bridge::queue::{Event, Job};
 use crate::bridge::start::call_app;
 use crate::bridge::waiter::Waiter;
 use crate::config::LifespanMode;
-use crate::http::message::{is, message_type};
-use crate::server::Shared;
 
 /// What the app reported for a lifespan phase.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ pub(crate) enum Outcome {
 }
 
 /// A lifespan command for the asyncio thread.
-pub(crate) enum LifespanCommand {
+enum LifespanCommand {
     Startup(oneshot::Sender<Outcome>),
     Shutdown(oneshot::Sender<Outcome>),
 }
@@ -168,13 +168,22 @@ impl LifespanProtocol {
     }
 }
 
-/// Handles a lifespan command on the asyncio thread.
-pub(crate) fn handle(
-    py: Python<'_>,
-    ctx: &Arc<AppContext>,
-    slot: &Mutex<Option<Py<LifespanProtocol>>>,
+/// A lifespan command on its way to the asyncio thread.
+struct LifespanJob {
+    ctx: Arc<AppContext>,
     cmd: LifespanCommand,
-) {
+}
+
+impl Job for LifespanJob {
+    fn run(self: Box<Self>, py: Python<'_>) {
+        handle(py, &self.ctx, self.cmd);
+    }
+}
+
+/// Handles a lifespan command on the asyncio thread; the protocol object
+/// waits for the shutdown command in `ctx.lifespan`.
+fn handle(py: Python<'_>, ctx: &Arc<AppContext>, cmd: LifespanCommand) {
+    let slot = &ctx.lifespan;
     match cmd {
         LifespanCommand::Startup(tx) => {
             let proto = LifespanProtocol {
@@ -198,9 +207,9 @@ pub(crate) fn handle(
                     .and_then(|coro| {
                         crate::bridge::start::start(
                             py,
-                            ctx,
+                            &ctx.loop_ctx,
                             coro,
-                            Owner::Lifespan(proto.clone_ref(py)),
+                            Owner::new(proto.clone_ref(py)),
                         )
                     });
                 if let Err(e) = started {
@@ -209,13 +218,15 @@ pub(crate) fn handle(
                 Ok(proto)
             };
             match run() {
-                Ok(p) => *slot.lock() = Some(p),
+                Ok(p) => *slot.lock() = Some(p.into_any()),
                 Err(e) => ctx.log_error(py, "could not start the lifespan protocol", Some(&e)),
             }
         }
         LifespanCommand::Shutdown(tx) => {
             let proto = slot.lock().take();
-            let Some(proto) = proto else {
+            let Some(proto) =
+                proto.and_then(|p| p.into_bound(py).cast_into::<LifespanProtocol>().ok())
+            else {
                 let _ = tx.send(Outcome::Returned);
                 return;
             };
@@ -241,15 +252,16 @@ pub(crate) fn handle(
 /// Runs `lifespan.startup`. `Ok(true)` if the app completed it, `Ok(false)`
 /// if it does not use lifespan (auto mode), `Err(message)` if startup
 /// failed, timed out, or is unsupported in `on` mode.
-pub(crate) async fn startup(shared: &Shared) -> Result<bool, String> {
-    let cfg = &shared.config;
+pub(crate) async fn startup(ctx: &Arc<AppContext>) -> Result<bool, String> {
+    let cfg = &ctx.shared.config;
     if cfg.lifespan == LifespanMode::Off {
         return Ok(false);
     }
     let (tx, rx) = oneshot::channel();
-    shared
-        .queue
-        .push(Event::Lifespan(LifespanCommand::Startup(tx)));
+    ctx.shared.queue.push(Event::Run(Box::new(LifespanJob {
+        ctx: Arc::clone(ctx),
+        cmd: LifespanCommand::Startup(tx),
+    })));
     match tokio::time::timeout(cfg.lifespan_timeout, rx).await {
         Err(_) => Err(format!(
             "lifespan startup did not complete within {:?}",
@@ -271,11 +283,13 @@ pub(crate) async fn startup(shared: &Shared) -> Result<bool, String> {
 }
 
 /// Runs `lifespan.shutdown`, bounded by `lifespan_timeout`; logs failures.
-pub(crate) async fn shutdown(shared: &Shared) {
+pub(crate) async fn shutdown(ctx: &Arc<AppContext>) {
+    let shared = &ctx.shared;
     let (tx, rx) = oneshot::channel();
-    shared
-        .queue
-        .push(Event::Lifespan(LifespanCommand::Shutdown(tx)));
+    shared.queue.push(Event::Run(Box::new(LifespanJob {
+        ctx: Arc::clone(ctx),
+        cmd: LifespanCommand::Shutdown(tx),
+    })));
     match tokio::time::timeout(shared.config.lifespan_timeout, rx).await {
         Err(_) => tracing::warn!(
             "lifespan shutdown did not complete within {:?}",
@@ -283,5 +297,22 @@ pub(crate) async fn shutdown(shared: &Shared) {
         ),
         Ok(Ok(Outcome::Failed(msg))) => tracing::error!("lifespan shutdown failed: {msg}"),
         _ => {}
+    }
+}
+
+impl crate::bridge::owner::TaskOwner for LifespanProtocol {
+    // A lifespan app cancelled is never an application error.
+    const QUIET_CANCEL: bool = true;
+
+    fn on_return(&self, py: Python<'_>) {
+        LifespanProtocol::on_return(self, py);
+    }
+
+    fn on_error(&self, py: Python<'_>, err: PyErr) {
+        LifespanProtocol::on_error(self, py, err);
+    }
+
+    fn on_cancel(&self, py: Python<'_>) {
+        LifespanProtocol::on_return(self, py);
     }
 }

@@ -31,10 +31,10 @@ use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::CloseFrame;
 use tungstenite::{Error, Message};
 
-use crate::http::conn::ConnCtx;
-use crate::server::connections::{Member, Order};
-use crate::websocket::framed::{Deflate, Framed};
+use crate::http::ctx::ConnCtx;
+use crate::proto::ws::framed::{Deflate, Framed};
 use crate::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
+use crate::worker::connections::{Member, Order};
 
 /// The socket after the 101, with any bytes hyper had read ahead replayed.
 trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}

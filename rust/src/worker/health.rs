@@ -11,20 +11,14 @@
 //! * `503 {"status": "draining"}` from a stop signal on (at once, through
 //!   `drain_delay`, and while in-flight requests drain);
 //! * `503 {"status": "loop stalled"}` while the loop watchdog holds the
-//!   event loop blocked (see [`watchdog`](crate::server::watchdog)).
+//!   event loop blocked (see [`watchdog`](crate::worker::watchdog)).
 //!
 //! Other methods on the path reach the app as usual.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use bytes::Bytes;
-use http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use http::{HeaderValue, Response, StatusCode};
+use http::StatusCode;
 use tokio::sync::watch;
-
-use crate::http::body::ResponseBody;
-use crate::http::conn::BusyGuard;
-use crate::server::Shared;
 
 const STARTING: u8 = 0;
 const SERVING: u8 = 1;
@@ -84,9 +78,10 @@ impl Health {
             && (method == http::Method::GET || method == http::Method::HEAD)
     }
 
-    /// The health answer (hyper leaves the body out for `HEAD`).
-    pub(crate) fn respond(shared: &Shared, busy: BusyGuard) -> Response<ResponseBody> {
-        let (status, body): (_, &'static [u8]) = match shared.health.phase.load(Ordering::Relaxed) {
+    /// The health answer's status and JSON body (`http::service` makes
+    /// the response; hyper leaves the body out for `HEAD`).
+    pub(crate) fn answer(&self, stalled: bool) -> (StatusCode, &'static [u8]) {
+        match self.phase.load(Ordering::Relaxed) {
             STARTING => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 br#"{"status": "starting"}"#,
@@ -95,17 +90,11 @@ impl Health {
                 StatusCode::SERVICE_UNAVAILABLE,
                 br#"{"status": "draining"}"#,
             ),
-            _ if shared.watchdog.is_stalled() => (
+            _ if stalled => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 br#"{"status": "loop stalled"}"#,
             ),
             _ => (StatusCode::OK, br#"{"status": "ok"}"#),
-        };
-        let mut resp = Response::new(ResponseBody::full(Bytes::from_static(body), busy));
-        *resp.status_mut() = status;
-        let h = resp.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        resp
+        }
     }
 }

@@ -35,11 +35,11 @@ use bytes::{Buf, BytesMut};
 use http::header::{Entry, HeaderMap, HeaderName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::http::h2conn::PREFACE;
 use crate::http::interim::{
     frame_head, hpack_literal, InterimSlot, CONTINUATION, END_HEADERS, HEADERS, MAX_FRAME,
 };
 use crate::http::io::{ConnIo, Readiness};
+use crate::proto::h2::PREFACE;
 
 /// The field carrying a request's stream id from the transport to the
 /// service (never seen by the app).

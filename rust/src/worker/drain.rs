@@ -14,7 +14,7 @@
 //!   master may be shutting down).
 //!
 //! The timers themselves run in each connection (`http::activity`,
-//! `websocket::driver`); this module holds the policy and the facts they
+//! `proto::ws::driver`); this module holds the policy and the facts they
 //! share.
 
 use std::sync::atomic::{AtomicBool, Ordering};

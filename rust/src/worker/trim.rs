@@ -1,16 +1,6 @@
-//! The per-worker Tokio runtime, built after fork (in `Server.serve`) and
-//! never in Gunicorn's master.
+//! Giving memory freed by parked connections back to the OS.
 
-use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
-
-use tokio::runtime::{Builder, Runtime};
-
-use crate::server::listen::StdListener;
-use crate::server::run::{self, RunError};
-use crate::server::Shared;
 
 /// Gives memory freed by parked connections back to the OS.
 ///
@@ -33,7 +23,9 @@ impl Trim {
         self.parked.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn maybe_trim(&self) {
+    /// Trims when enough connections parked since the last trim (the
+    /// Tokio thread, before it idles).
+    pub(crate) fn maybe_trim(&self) {
         if self.parked.load(Ordering::Relaxed) < Self::MIN_PARKED {
             return;
         }
@@ -57,38 +49,4 @@ impl Trim {
             libc::malloc_trim(0);
         }
     }
-}
-
-/// A current-thread runtime for one thread (it runs on the caller's thread:
-/// no extra thread, no cross-thread task stealing), else a multi-thread one.
-///
-/// With one thread, events for the asyncio thread are announced when the
-/// runtime parks: every request read in one tick travels in one batch.
-fn build(shared: &Arc<Shared>) -> io::Result<Runtime> {
-    let threads = shared.config.tokio_threads;
-    if threads <= 1 {
-        let s = Arc::clone(shared);
-        Builder::new_current_thread()
-            .enable_all()
-            .on_thread_park(move || {
-                s.queue.flush();
-                s.trim.maybe_trim();
-            })
-            .build()
-    } else {
-        Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("skirr-tokio")
-            .enable_all()
-            .build()
-    }
-}
-
-/// Builds the runtime and serves until the server stops.
-pub(crate) fn run(shared: Arc<Shared>, listeners: Vec<StdListener>) -> Result<(), RunError> {
-    let rt = build(&shared)?;
-    shared.signals.attach(rt.handle().clone());
-    let res = rt.block_on(run::run(shared, listeners));
-    rt.shutdown_timeout(Duration::from_millis(100));
-    res
 }

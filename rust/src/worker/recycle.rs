@@ -26,7 +26,7 @@ use nix::fcntl::{fcntl, FcntlArg};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::server::{Shared, Stop};
+use crate::worker::{Stop, Worker};
 
 /// Lock slots for accepting workers (more workers than this share none:
 /// they count as not accepting, and defer to the bound).
@@ -126,14 +126,14 @@ impl Recycle {
 
 /// Stops the server for its `max_requests` recycle, at once or, under a
 /// [`Recycle`] lock, once it is clear (see the module docs).
-pub(crate) fn stop_for_max_requests(shared: &Shared, served: u64) {
+pub(crate) fn stop_for_max_requests(shared: &Worker, served: u64) {
     match &shared.recycle {
         Some(r) => r.reached(),
         None => stop_now(shared, served),
     }
 }
 
-fn stop_now(shared: &Shared, served: u64) {
+fn stop_now(shared: &Worker, served: u64) {
     tracing::info!("Autorestarting worker after current request ({served} requests served).");
     shared.drain.set_recycle();
     shared.request_stop(Stop::Graceful("max requests"));
@@ -141,7 +141,7 @@ fn stop_now(shared: &Shared, served: u64) {
 
 /// The task that waits for `max_requests` and a clear moment (started by
 /// `run` once the worker accepts).
-pub(crate) fn spawn(shared: &Arc<Shared>) {
+pub(crate) fn spawn(shared: &Arc<Worker>) {
     let Some(r) = &shared.recycle else { return };
     r.accepting();
     let shared = Arc::clone(shared);

@@ -1,0 +1,138 @@
+//! What the ASGI side needs to build scopes and run applications: the
+//! bridge's [`LoopCtx`], the worker's state, prebuilt scope templates and
+//! extensions, the lifespan state and the access logger.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+
+use crate::bridge::context::LoopCtx;
+use crate::bridge::names::names;
+use crate::worker::Worker;
+
+/// The ASGI side's context: the [`LoopCtx`] (reached through `Deref`), the
+/// worker's state, and the prebuilt scope parts.
+pub(crate) struct AppContext {
+    /// The bridge's part.
+    pub(crate) loop_ctx: Arc<LoopCtx>,
+    pub(crate) shared: Arc<Worker>,
+    /// A prebuilt HTTP scope with every key present: copying it and
+    /// replacing values never resizes the dict.
+    pub(crate) http_template: Py<PyDict>,
+    /// The same for WebSocket scopes.
+    pub(crate) ws_template: Py<PyDict>,
+    /// `scope["extensions"]` of HTTP scopes before `tls`: each request
+    /// gets a shallow copy (one dict copy costs far less than building the
+    /// extensions' dicts anew).
+    pub(crate) http_extensions: Py<PyDict>,
+    /// `http_extensions` plus early hints, for requests whose client can
+    /// receive interim responses (HTTP/1.1, HTTP/2; not HTTP/1.0).
+    pub(crate) interim_extensions: Py<PyDict>,
+    /// The same for WebSocket scopes.
+    pub(crate) ws_extensions: Py<PyDict>,
+    /// `scope["asgi"]` for lifespan scopes.
+    pub(crate) asgi_lifespan: Py<PyDict>,
+    /// The lifespan state namespace; each request gets a shallow copy.
+    pub(crate) state: Py<PyDict>,
+    /// `root_path`, as `str` and as the prefix of `raw_path`.
+    pub(crate) root_path: String,
+    /// `access(scope, status, headers, size, seconds)` or `None`.
+    pub(crate) access_log: Option<Py<PyAny>>,
+    /// Reopens log files (SIGUSR1), or `None`.
+    pub(crate) reopen_logs: Option<Py<PyAny>>,
+    /// The lifespan protocol object while its app call runs (see
+    /// `lifespan::handle`).
+    pub(crate) lifespan: Mutex<Option<Py<PyAny>>>,
+}
+
+impl std::ops::Deref for AppContext {
+    type Target = LoopCtx;
+
+    fn deref(&self) -> &LoopCtx {
+        &self.loop_ctx
+    }
+}
+
+/// The Python-side arguments of [`AppContext::new`].
+pub(crate) struct PyParts {
+    pub(crate) app: Py<PyAny>,
+    pub(crate) event_loop: Py<PyAny>,
+    pub(crate) error_log: Py<PyAny>,
+    pub(crate) access_log: Option<Py<PyAny>>,
+    pub(crate) reopen_logs: Option<Py<PyAny>>,
+}
+
+impl AppContext {
+    /// Errors: building the scope templates, or the loop's `create_future`.
+    pub(crate) fn new(py: Python<'_>, shared: Arc<Worker>, p: PyParts) -> PyResult<Self> {
+        let loop_ctx = Arc::new(LoopCtx::new(
+            py,
+            p.app,
+            p.event_loop,
+            p.error_log,
+            shared.config.asyncio_tasks,
+        )?);
+        let n = names(py);
+        let asgi_http = PyDict::new(py);
+        asgi_http.set_item(n.version.bind(py), "3.0")?;
+        asgi_http.set_item(n.spec_version.bind(py), "2.5")?;
+        let asgi_lifespan = PyDict::new(py);
+        asgi_lifespan.set_item(n.version.bind(py), "3.0")?;
+        asgi_lifespan.set_item(n.spec_version.bind(py), "2.0")?;
+
+        let root_path = shared.config.root_path.clone();
+        let t = PyDict::new(py);
+        let none = py.None();
+        t.set_item(n.type_.bind(py), n.http.bind(py))?;
+        t.set_item(n.asgi.bind(py), asgi_http)?;
+        // The commonest values are in place already: a request that has
+        // them skips the store (see `scope::http_scope`).
+        t.set_item(n.http_version.bind(py), n.v1_1.bind(py))?;
+        t.set_item(n.method.bind(py), n.get.bind(py))?;
+        t.set_item(n.scheme.bind(py), n.http.bind(py))?;
+        for key in [&n.path, &n.raw_path] {
+            t.set_item(key.bind(py), &none)?;
+        }
+        t.set_item(n.query_string.bind(py), PyBytes::new(py, b""))?;
+        t.set_item(n.root_path.bind(py), PyString::new(py, &root_path))?;
+        for key in [&n.headers, &n.client, &n.server, &n.state, &n.extensions] {
+            t.set_item(key.bind(py), &none)?;
+        }
+        let ws_template = t.copy()?;
+        ws_template.set_item(n.type_.bind(py), n.websocket.bind(py))?;
+        ws_template.del_item(n.method.bind(py))?;
+        ws_template.set_item(n.subprotocols.bind(py), &none)?;
+
+        // ASGI path send, zero copy send and HTTP trailers extensions;
+        // WebSocket denial responses. Their values are empty dicts, shared
+        // by every scope.
+        let http_extensions = PyDict::new(py);
+        http_extensions.set_item("http.response.pathsend", PyDict::new(py))?;
+        http_extensions.set_item("http.response.zerocopysend", PyDict::new(py))?;
+        http_extensions.set_item("http.response.trailers", PyDict::new(py))?;
+        // Early hints (`http.response.early_hint`) reach HTTP/1.1 and
+        // HTTP/2 clients, not HTTP/1.0 ones (see `http::interim`).
+        let interim_extensions = http_extensions.copy()?;
+        interim_extensions.set_item("http.response.early_hint", PyDict::new(py))?;
+        let ws_extensions = PyDict::new(py);
+        ws_extensions.set_item("websocket.http.response", PyDict::new(py))?;
+
+        Ok(Self {
+            loop_ctx,
+            shared,
+            http_template: t.unbind(),
+            ws_template: ws_template.unbind(),
+            http_extensions: http_extensions.unbind(),
+            interim_extensions: interim_extensions.unbind(),
+            ws_extensions: ws_extensions.unbind(),
+            asgi_lifespan: asgi_lifespan.unbind(),
+            state: PyDict::new(py).unbind(),
+            root_path,
+            access_log: p.access_log,
+            reopen_logs: p.reopen_logs,
+            lifespan: Mutex::new(None),
+        })
+    }
+}

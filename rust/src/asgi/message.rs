@@ -1,0 +1,44 @@
+//! What every ASGI message shares, whatever the protocol (HTTP, WebSocket,
+//! lifespan): a dict with a `type`.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use crate::bridge::names::names;
+
+/// The Python type name of `v`, for error messages.
+pub(crate) fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Reads `message["type"]`, checking `message` is a dict.
+pub(crate) fn message_type<'py>(
+    message: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyString>)> {
+    let py = message.py();
+    let d = message.cast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "ASGI messages must be dicts, got {}",
+            type_name(message)
+        ))
+    })?;
+    let t = d
+        .get_item(names(py).type_.bind(py))?
+        .ok_or_else(|| PyTypeError::new_err("ASGI message has no 'type' key"))?;
+    let t = t.cast_into::<PyString>().map_err(|e| {
+        PyTypeError::new_err(format!(
+            "ASGI message 'type' must be a str, got {}",
+            type_name(&e.into_inner())
+        ))
+    })?;
+    Ok((d.clone(), t))
+}
+
+/// Compares an interned name with a message type, pointer first.
+pub(crate) fn is(t: &Bound<'_, PyString>, name: &Py<PyString>) -> bool {
+    t.as_ptr() == name.as_ptr() || t.to_str().ok() == name.bind(t.py()).to_str().ok()
+}

@@ -1,0 +1,30 @@
+//! The access log: one call of the access logger per response.
+
+use std::time::Instant;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::asgi::context::AppContext;
+
+/// Calls the access logger: `access(scope, status, headers, size, seconds)`.
+pub(crate) fn write_access(
+    py: Python<'_>,
+    ctx: &AppContext,
+    scope: &Py<PyDict>,
+    status: u16,
+    headers: Py<PyAny>,
+    size: u64,
+    received: Option<Instant>,
+) {
+    let Some(access) = &ctx.access_log else {
+        return;
+    };
+    let secs = received.map_or(0.0, |r| r.elapsed().as_secs_f64());
+    if let Err(e) = access
+        .bind(py)
+        .call1((scope.bind(py), status, headers, size, secs))
+    {
+        ctx.log_error(py, "access log failed", Some(&e));
+    }
+}

@@ -1,0 +1,219 @@
+//! What a connection's requests share, whatever the wire protocol: the
+//! listener, the peer, TLS facts, timers ([`Activity`]), the interim sink,
+//! and the per-request [`BusyGuard`]. Built by the drivers in `proto/`.
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::asgi::context::AppContext;
+use crate::http::activity::Activity;
+use crate::http::interim::InterimSlot;
+use crate::worker::Worker;
+
+/// How long a draining worker keeps an idle keep-alive connection open for
+/// a request its client may already have sent (capped by the keep-alive
+/// timeout). A request that arrives is served with `Connection: close`;
+/// a connection still idle after this is closed. Clients sending back to
+/// back get their close in a response and lose nothing, POSTs included;
+/// only a client that sends its first request after a silence of this
+/// long, in the very moment of the close, can still race it. HTTP/2 uses
+/// it too: a draining connection with no stream open (`proto::h2::serve`).
+pub(crate) const DRAIN_IDLE: Duration = Duration::from_millis(1000);
+
+/// Where a listener is bound, for `scope["server"]`.
+#[derive(Debug, Clone)]
+pub(crate) enum LocalAddr {
+    Tcp(SocketAddr),
+    Unix(String),
+}
+
+/// The `tls` extension's per-connection facts.
+#[derive(Debug, Clone)]
+pub struct TlsInfo {
+    /// e.g. `0x0304` for TLS 1.3.
+    pub version: u16,
+    /// The negotiated suite's IANA number.
+    pub cipher_suite: u16,
+    /// The client's certificate chain as PEM, leaf first (empty without
+    /// client authentication).
+    pub client_cert_chain: Vec<String>,
+    /// The leaf's subject as an RFC 4514 string (`None` without a client
+    /// certificate).
+    pub client_cert_name: Option<String>,
+    /// ALPN selected `h2`.
+    pub h2: bool,
+}
+
+/// Per-listener data shared by its connections.
+pub(crate) struct ListenerInfo {
+    pub(crate) local: LocalAddr,
+    /// The application context the connections' requests run in.
+    pub(crate) app: Arc<AppContext>,
+    /// `scope["server"]`, built once on the asyncio thread.
+    pub(crate) py_server: OnceLock<Py<PyAny>>,
+}
+
+/// Per-connection data shared by its requests.
+pub(crate) struct ConnCtx {
+    pub(crate) shared: Arc<Worker>,
+    pub(crate) listener: Arc<ListenerInfo>,
+    /// The peer; `None` for Unix sockets.
+    pub(crate) peer: Option<SocketAddr>,
+    /// `scope["client"]`, built once on the asyncio thread.
+    pub(crate) py_client: OnceLock<Py<PyAny>>,
+    pub(crate) activity: Activity,
+    /// This connection's slot under the connection limit; held for as long
+    /// as anything (the connection task, or a WebSocket it became) keeps
+    /// the context alive.
+    _permit: Option<OwnedSemaphorePermit>,
+    /// Set by the WebSocket service when the app accepts (its
+    /// `websocket::shared::WsShared`, which this floor does not name): once
+    /// hyper has written the 101, the socket goes to the WebSocket driver.
+    pub(crate) upgrade: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
+    /// The TLS session's facts, for the scope's `tls` extension.
+    pub(crate) tls: Option<Box<TlsInfo>>,
+    /// hyper's read, parked on a hidden end of stream (see
+    /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
+    pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
+    /// A duplicate of the socket, taken when a hidden end of stream is
+    /// read (HTTP/1.1): `send()` peeks at it to tell a client that left
+    /// (its kernel answered our next write with a reset) from one that only
+    /// half-closed (see [`Exchange::gone_now`](crate::http::exchange::Exchange::gone_now)).
+    pub(crate) eof_probe: Mutex<Option<Arc<std::os::fd::OwnedFd>>>,
+    /// Interim (1xx) responses on their way past hyper: the connection's,
+    /// shared by its HTTP/2 streams.
+    pub(crate) interim: Arc<InterimSlot>,
+    /// HTTP/2: the stream this context is for (see `proto::h2::io`).
+    pub(crate) h2_stream: Option<u32>,
+}
+
+impl ConnCtx {
+    /// The context of a new connection from `peer` (`None`: a Unix socket)
+    /// on `listener`, holding its slot under the connection limit.
+    pub(crate) fn new(
+        shared: Arc<Worker>,
+        listener: Arc<ListenerInfo>,
+        peer: Option<SocketAddr>,
+        permit: Option<OwnedSemaphorePermit>,
+        tls: Option<Box<TlsInfo>>,
+    ) -> Self {
+        ConnCtx {
+            shared,
+            listener,
+            peer,
+            py_client: OnceLock::new(),
+            activity: Activity::new(),
+            _permit: permit,
+            upgrade: Mutex::new(None),
+            tls,
+            eof_waker: Mutex::new(None),
+            eof_probe: Mutex::new(None),
+            interim: Arc::default(),
+            h2_stream: None,
+        }
+    }
+
+    /// The request in progress is a WebSocket handshake: an end of stream
+    /// is the client leaving, not a half close to hide; one already hidden
+    /// is shown to hyper now.
+    pub(crate) fn not_plain_http(&self) {
+        self.activity.set_plain_http(false);
+        if self.activity.peer_eof() {
+            if let Some(w) = self.eof_waker.lock().take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Whether an interim response can reach this request's client: on
+    /// HTTP/1.1, and on HTTP/2 streams whose id is known on a connection
+    /// that has not turned them off (see `proto::h2::io`); never on HTTP/1.0.
+    pub(crate) fn sends_interim(&self, version: http::Version) -> bool {
+        match version {
+            http::Version::HTTP_11 => true,
+            http::Version::HTTP_2 => self.h2_stream.is_some() && !self.interim.is_off(),
+            _ => false,
+        }
+    }
+
+    /// The context of one HTTP/2 stream: the connection's facts, its own
+    /// [`Activity`] (the stream's deadlines). The connection's slot under
+    /// the limit stays with the connection.
+    pub(crate) fn for_stream(&self, stream: Option<u32>) -> ConnCtx {
+        ConnCtx {
+            shared: Arc::clone(&self.shared),
+            listener: Arc::clone(&self.listener),
+            peer: self.peer,
+            py_client: OnceLock::new(),
+            activity: Activity::new(),
+            _permit: None,
+            upgrade: Mutex::new(None),
+            tls: self.tls.clone(),
+            eof_waker: Mutex::new(None),
+            eof_probe: Mutex::new(None),
+            interim: Arc::clone(&self.interim),
+            h2_stream: stream,
+        }
+    }
+}
+
+/// Marks the connection busy for the lifetime of one request/response;
+/// meters the request when metrics are on, and holds its
+/// `limit_concurrency` slot, if any, as long.
+pub(crate) struct BusyGuard(
+    Arc<ConnCtx>,
+    Option<crate::metrics::RequestMeter>,
+    Option<crate::worker::concurrency::Slot>,
+);
+
+impl BusyGuard {
+    /// Takes over the request that [`head_parsed`] started, unmetered
+    /// (the health path's requests stay out of the metrics).
+    pub(crate) fn new(conn: &Arc<ConnCtx>) -> Self {
+        BusyGuard(Arc::clone(conn), None, None)
+    }
+
+    /// Meters this request (when metrics are on).
+    pub(crate) fn meter(&mut self, method: &http::Method, version: http::Version) {
+        self.1 = self.0.shared.metrics.request(method, version);
+    }
+
+    /// Keeps `slot` until the response is written (or dropped).
+    pub(crate) fn hold(&mut self, slot: Option<crate::worker::concurrency::Slot>) {
+        self.2 = slot;
+    }
+
+    /// The response's status, for the metrics.
+    #[inline]
+    pub(crate) fn responded(&mut self, status: http::StatusCode) {
+        if let Some(m) = &mut self.1 {
+            m.set_status(status);
+        }
+    }
+}
+
+/// A request head was parsed: the request is in progress from now (hyper
+/// reads on before it first polls the service, and an end of stream it
+/// reads then is a half close to hide, not an idle connection's end).
+pub(crate) fn head_parsed(ctx: &ConnCtx) {
+    ctx.activity.start_request();
+    ctx.activity.set_plain_http(true);
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.activity.end_request();
+        if self.0.activity.peer_eof() {
+            // hyper may now read the end of stream it was not shown.
+            if let Some(w) = self.0.eof_waker.lock().take() {
+                w.wake();
+            }
+        }
+    }
+}

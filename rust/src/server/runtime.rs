@@ -1,0 +1,48 @@
+//! The per-worker Tokio runtime, built after fork (in `Server.serve`) and
+//! never in Gunicorn's master.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::{Builder, Runtime};
+
+use crate::asgi::context::AppContext;
+use crate::server::listen::StdListener;
+use crate::server::run::{self, RunError};
+use crate::worker::Worker;
+
+/// A current-thread runtime for one thread (it runs on the caller's thread:
+/// no extra thread, no cross-thread task stealing), else a multi-thread one.
+///
+/// With one thread, events for the asyncio thread are announced when the
+/// runtime parks: every request read in one tick travels in one batch.
+fn build(shared: &Arc<Worker>) -> io::Result<Runtime> {
+    let threads = shared.config.tokio_threads;
+    if threads <= 1 {
+        let s = Arc::clone(shared);
+        Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(move || {
+                s.queue.flush();
+                s.trim.maybe_trim();
+            })
+            .build()
+    } else {
+        Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("skirr-tokio")
+            .enable_all()
+            .build()
+    }
+}
+
+/// Builds the runtime and serves until the server stops.
+pub(crate) fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+    let shared = &app.shared;
+    let rt = build(shared)?;
+    shared.signals.attach(rt.handle().clone());
+    let res = rt.block_on(run::run(Arc::clone(&app), listeners));
+    rt.shutdown_timeout(Duration::from_millis(100));
+    res
+}
