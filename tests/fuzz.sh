@@ -10,7 +10,7 @@ command -v cargo-fuzz >/dev/null || cargo install -q cargo-fuzz --locked
 export RUSTC_BOOTSTRAP=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for target in request_head response_head proxy; do
+for target in request_head response_head proxy ws_frame; do
     if cargo fuzz run --fuzz-dir rust/fuzz -s none "$target" -- \
         -max_total_time="$secs" -print_final_stats=1 >"$log" 2>&1; then
         runs=$(grep -o "stat::number_of_executed_units: *[0-9]*" "$log" | grep -o "[0-9]*$" || echo "?")

@@ -145,8 +145,30 @@ def chat_in_rooms(chromium, url: str, scheme: str) -> None:
             problems = [line for line in page.console() if not line.endswith("/favicon.ico")]  # the app has none
             assert problems == [], problems
 
+        # permessage-deflate (RFC 7692): Chromium offers it, Skirr accepts;
+        # a long line goes compressed both ways (Chromium compresses what it
+        # sends once agreed; Skirr what is over ws_deflate_min_size).
+        for page in (ada, bob, cy):
+            assert negotiated_extensions(chromium, page) == [
+                "permessage-deflate; server_no_context_takeover; client_max_window_bits=12"
+            ]
+        long_line = "compress me " * 100
+        say(ada, long_line)
+        sees(bob, f"ada: {long_line.strip()}")
+
         bob.eval("ws.close()")
         sees(ada, "server: bob left")
+
+
+def negotiated_extensions(chromium, page) -> list[str]:
+    """The Sec-WebSocket-Extensions answers the page's WebSockets got, from
+    the DevTools Network events."""
+    out = []
+    for e in chromium.events(page.session):
+        if e["method"] == "Network.webSocketHandshakeResponseReceived":
+            headers = {k.lower(): v for k, v in e["params"]["response"]["headers"].items()}
+            out.append(headers.get("sec-websocket-extensions"))
+    return out
 
 
 def test_chat_rooms_in_the_browser(chromium, chat_url):

@@ -66,8 +66,8 @@ class Stream:
     def __init__(self, c: RawH2, sid: int) -> None:
         self.c, self.sid, self.buf, self.seen = c, sid, b"", 0
 
-    def send(self, opcode: int, payload: bytes = b"", end: bool = False) -> None:
-        data = frame(opcode, payload)
+    def send(self, opcode: int, payload: bytes = b"", end: bool = False, rsv: int = 0) -> None:
+        data = frame(opcode, payload, rsv=rsv)
         if self.c._h2_failed:
             # The h2 package stops at the server's GOAWAY (see RawH2); the
             # stream is still open (RFC 9113 §6.8), so frame it by hand.
@@ -105,6 +105,7 @@ class Stream:
         if len(b) < at + n:
             return None
         self.buf = b[at + n :]
+        self.last_b0 = b[0]
         return b[0] & 0x0F, b[at : at + n]
 
     def _absorb(self) -> None:
@@ -206,6 +207,32 @@ def test_echo_beside_plain_http_streams_then_the_client_closes():
             what="the app's disconnect",
         )
         assert got[0]["disconnect"] == 1000
+        c.close()
+
+
+def test_permessage_deflate_over_an_extended_connect():
+    """RFC 7692 over RFC 8441: negotiated in the CONNECT's headers, then
+    compressed frames both ways on the stream."""
+    import zlib
+
+    with skirr(APP, *WS2) as s:
+        c = RawH2(s.port)
+        sid = connect(c, "/echo", extra=[("sec-websocket-extensions", "permessage-deflate; client_max_window_bits")])
+        head = response_head(c, sid)
+        assert head[":status"] == "200"
+        assert head["sec-websocket-extensions"] == (
+            "permessage-deflate; server_no_context_takeover; client_max_window_bits=12"
+        )
+        ws = Stream(c, sid)
+        msg = ("héllo, " * 2000).encode()
+        comp = zlib.compressobj(wbits=-12)
+        ws.send(TEXT, (comp.compress(msg) + comp.flush(zlib.Z_SYNC_FLUSH))[:-4], rsv=0b100)
+        op, payload = ws.recv()
+        assert op == TEXT and ws.last_b0 & 0x40, "RSV1: compressed"
+        assert len(payload) < len(msg) // 10
+        assert zlib.decompressobj(wbits=-15).decompress(payload + b"\x00\x00\xff\xff") == msg
+        ws.send(CLOSE, close_payload(1000))
+        assert ws.recv() == (CLOSE, close_payload(1000))
         c.close()
 
 

@@ -58,6 +58,13 @@ def _nonneg_int(v: Any) -> int:
     return n
 
 
+def _window_bits(v: Any) -> int:
+    n = int(v)
+    if not 9 <= n <= 15:
+        raise ValueError(f"must be 9 to 15, got {n}")
+    return n
+
+
 def _pos_int(v: Any) -> int:
     n = int(v)
     if n < 1:
@@ -324,6 +331,30 @@ OPTIONS: tuple[Option, ...] = (
     Option("ws_ping_interval", 20.0, _seconds, "server pings idle WebSockets this often (seconds; 0: never)"),
     Option("ws_ping_timeout", 20.0, _seconds, "an unanswered ping closes the WebSocket with 1011 after (seconds)"),
     Option("ws_max_queue", 32, _pos_int, "WebSocket messages queued per direction before reading or send() waits"),
+    Option(
+        "ws_per_message_deflate",
+        True,
+        _bool,
+        "accept permessage-deflate (RFC 7692) compression when a WebSocket client offers it",
+    ),
+    Option(
+        "ws_deflate_window_bits",
+        12,
+        _window_bits,
+        "LZ77 window of WebSocket compression (bits, 9-15; smaller uses less memory per connection)",
+    ),
+    Option(
+        "ws_deflate_min_size",
+        64,
+        _nonneg_int,
+        "WebSocket messages shorter than this are sent uncompressed (bytes)",
+    ),
+    Option(
+        "ws_deflate_context_takeover",
+        False,
+        _bool,
+        "keep a compressor per WebSocket (better ratio for similar messages, ~200 KiB more per connection)",
+    ),
     Option(
         "limit_request_line",
         4094,

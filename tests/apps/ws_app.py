@@ -67,7 +67,11 @@ async def app(scope, receive, send):
     subprotocol = q.get("pick")
     if subprotocol == "first":
         subprotocol = scope["subprotocols"][0] if scope["subprotocols"] else None
-    await send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": [(b"x-accepted", b"yes")]})
+    headers = [(b"x-accepted", b"yes")]
+    if "ext" in q:
+        # An app answering Sec-WebSocket-Extensions itself (test_websocket_deflate).
+        headers.append((b"sec-websocket-extensions", q["ext"].encode()))
+    await send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": headers})
 
     if path == "/scope":
         s = {k: v for k, v in scope.items() if k not in ("state",)}

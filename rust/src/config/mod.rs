@@ -114,6 +114,19 @@ pub struct Config {
     /// `send()` (app → client, also bounded by `send_buffer` bytes) waits.
     /// Default 32.
     pub ws_max_queue: usize,
+    /// Accept permessage-deflate (RFC 7692) when a WebSocket client offers it;
+    /// uvicorn's `ws_per_message_deflate`. Default on.
+    pub ws_per_message_deflate: bool,
+    /// LZ77 window (bits, 9..=15) Skirr compresses with and asks clients to
+    /// use when they let it choose; smaller costs less memory per
+    /// connection. Default 12 (as websockets/uvicorn).
+    pub ws_deflate_window_bits: u8,
+    /// Messages shorter than this (bytes) are sent uncompressed. Default 64.
+    pub ws_deflate_min_size: usize,
+    /// Keep a compressor per WebSocket (context takeover) when the client
+    /// allows it: smaller messages on the wire, ~200 KiB more memory per
+    /// compressed connection. Default off (one compressor per thread).
+    pub ws_deflate_context_takeover: bool,
     /// Request line and header field size limits (414, 431); see
     /// [`Limits`]. Gunicorn's `limit_request_line` (4094) and
     /// `limit_request_field_size` (8190).
@@ -230,6 +243,10 @@ impl Default for Config {
             ws_ping_interval: Duration::from_secs(20),
             ws_ping_timeout: Duration::from_secs(20),
             ws_max_queue: 32,
+            ws_per_message_deflate: true,
+            ws_deflate_window_bits: 12,
+            ws_deflate_min_size: 64,
+            ws_deflate_context_takeover: false,
             limits: Limits::default(),
             limit_request_fields: 100,
             max_head_size: 64 * 1024,
@@ -357,6 +374,12 @@ impl Config {
             "ws_ping_interval" => c.ws_ping_interval = secs(v, key)?,
             "ws_ping_timeout" => c.ws_ping_timeout = secs(v, key)?,
             "ws_max_queue" => c.ws_max_queue = count::<usize>(v, key)?.max(1),
+            "ws_per_message_deflate" => c.ws_per_message_deflate = v.extract()?,
+            "ws_deflate_window_bits" => {
+                c.ws_deflate_window_bits = count::<u8>(v, key)?.clamp(9, 15)
+            }
+            "ws_deflate_min_size" => c.ws_deflate_min_size = count(v, key)?,
+            "ws_deflate_context_takeover" => c.ws_deflate_context_takeover = v.extract()?,
             "limit_request_line" => c.limits.request_line = count(v, key)?,
             "limit_request_field_size" => c.limits.field_size = count(v, key)?,
             "limit_request_fields" => c.limit_request_fields = count(v, key)?,

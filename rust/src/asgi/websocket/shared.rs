@@ -91,6 +91,8 @@ pub(crate) struct WsState {
     /// The driver waits for the app to be idle (inbound queue empty and
     /// `receive()` waiting) before it fails the connection: wake it then.
     pub(crate) notify_idle: bool,
+    /// permessage-deflate as agreed in the handshake, for the driver.
+    pub(crate) deflate: Option<crate::wire::ws_extension::Agreed>,
 }
 
 /// Worker per-WebSocket state.

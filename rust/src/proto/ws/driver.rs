@@ -1,13 +1,14 @@
-//! One open WebSocket: tungstenite frames it (fragmentation, control frames
-//! between fragments, automatic pong, the close handshake, size limits);
+//! One open WebSocket: [`framed`](super::framed) frames it (fragmentation,
+//! control frames between fragments, automatic pong, the close handshake,
+//! size limits, permessage-deflate);
 //! this task moves messages between it and the app's queues, pings idle
 //! peers, and turns protocol failures into the right close code:
 //!
 //! | what happened                                  | close code |
 //! |------------------------------------------------|-----------:|
 //! | protocol violation (unmasked frame, reserved bits or opcode, bad control frame, bad close frame) | 1002 |
-//! | a text message that is not valid UTF-8          | 1007 |
-//! | a message above `ws_max_message_size`           | 1009 |
+//! | a text message that is not valid UTF-8 (as soon as a prefix is invalid) | 1007 |
+//! | a message above `ws_max_message_size` (after inflation) | 1009 |
 //! | a ping unanswered within `ws_ping_timeout`      | 1011 |
 //! | the server shuts down (after the drain deadline)| 1001 |
 //! | the connection dropped without a close frame    | (1006 to the app) |
@@ -25,14 +26,14 @@ use std::time::Duration;
 use futures_util::{Sink, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{sleep, Instant, Sleep};
-use tokio_tungstenite::WebSocketStream;
 use tungstenite::error::ProtocolError;
 use tungstenite::protocol::frame::coding::CloseCode;
-use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tungstenite::protocol::CloseFrame;
 use tungstenite::{Error, Message};
 
 use crate::asgi::websocket::shared::{has_room, register, WsShared, ABNORMAL, NO_STATUS};
 use crate::http::ctx::ConnCtx;
+use crate::proto::ws::framed::{Deflate, Framed};
 use crate::worker::connections::{Member, Order};
 
 /// The socket after the 101, with any bytes hyper had read ahead replayed.
@@ -100,7 +101,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for EofShield<I> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
-type Ws<'a> = WebSocketStream<&'a mut dyn Socket>;
+type Ws<'a> = Framed<&'a mut dyn Socket>;
 
 /// How long the peer gets to answer our close frame before the TCP
 /// connection is closed anyway.
@@ -465,20 +466,19 @@ where
     let shared = Arc::clone(&conn.shared);
     let _open = shared.metrics.websocket();
     let cfg = &shared.config;
-    let max = cfg.ws_max_message_size;
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(max))
-        .max_frame_size(Some(max))
-        // Small read buffer: an idle socket should cost little memory.
-        .read_buffer_size(4096)
-        .write_buffer_size(0);
+    // permessage-deflate, if the handshake agreed on it (`service`).
+    let deflate = ws.lock().deflate.take().map(|agreed| Deflate {
+        agreed,
+        window_bits: cfg.ws_deflate_window_bits,
+        min_size: cfg.ws_deflate_min_size,
+    });
     let eof = Arc::new(AtomicBool::new(false));
     let mut shielded = EofShield {
         inner: io,
         eof: Arc::clone(&eof),
     };
     let socket: &mut dyn Socket = &mut shielded;
-    let mut stream = WebSocketStream::from_raw_socket(socket, Role::Server, Some(config)).await;
+    let mut stream = Framed::new(socket, cfg.ws_max_message_size, deflate);
     let ping_timer =
         (!cfg.ws_ping_interval.is_zero()).then(|| Box::pin(sleep(cfg.ws_ping_interval)));
     let mut driver = Driver {

@@ -2,7 +2,9 @@
 //! starts: an HTTP/1.1 upgrade and an HTTP/2 extended CONNECT (RFC 8441).
 //! The handshake itself is answered by [`service`], which [`start`]s the
 //! application; the application side is `asgi::websocket::protocol`.
+//! [`framed`] is the framing (with permessage-deflate) the driver runs on.
 
 pub(crate) mod driver;
+pub(crate) mod framed;
 pub(crate) mod service;
 pub(crate) mod start;

@@ -22,6 +22,7 @@ use crate::http::body::ResponseBody;
 use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::service::HttpRequest;
 use crate::wire::handshake;
+use crate::wire::ws_extension;
 use crate::worker::Worker;
 
 /// A handshake on its way to the application.
@@ -95,6 +96,24 @@ fn head_copy(p: &Parts) -> Parts {
     c
 }
 
+/// Puts Skirr's `Sec-WebSocket-Extensions` answer first. Fields the app
+/// passed in `websocket.accept` stay after it, as uvicorn sends them (its
+/// websockets and wsproto implementations negotiate permessage-deflate
+/// themselves and append the app's headers): the app cannot turn Skirr's
+/// compression off per connection, only the `ws_per_message_deflate`
+/// option does.
+fn add_extension(headers: &mut http::HeaderMap, value: String) {
+    let Ok(ours) = http::HeaderValue::try_from(value) else {
+        return;
+    };
+    let name = http::header::SEC_WEBSOCKET_EXTENSIONS;
+    let apps: Vec<_> = headers.get_all(&name).iter().cloned().collect();
+    headers.insert(&name, ours);
+    for v in apps {
+        headers.append(&name, v);
+    }
+}
+
 /// The handshake's answer: the app's decision, or Skirr's refusal.
 async fn decide(
     mut parts: Parts,
@@ -116,6 +135,19 @@ async fn decide(
     // not through hyper's `OnUpgrade`; on HTTP/2 the driver took it first.
     drop(parts.extensions.remove::<OnUpgrade>());
     let subprotocols = handshake::subprotocols(&parts.headers);
+    // permessage-deflate (RFC 7692): settled now, answered if the app
+    // accepts.
+    let deflate = if shared.config.ws_per_message_deflate {
+        ws_extension::negotiate(
+            &parts.headers,
+            ws_extension::DeflateConfig {
+                window_bits: shared.config.ws_deflate_window_bits,
+                context_takeover: shared.config.ws_deflate_context_takeover,
+            },
+        )
+    } else {
+        None
+    };
     let ws = Arc::new(WsShared::default());
     let mut guard = LeftGuard {
         ws: &ws,
@@ -143,13 +175,17 @@ async fn decide(
                 None => handshake::connect_accepted(subprotocol.as_deref(), headers),
             };
             let (status, headers) = match switched {
-                Ok(sh) => {
+                Ok((status, mut headers)) => {
+                    if let Some((agreed, value)) = deflate {
+                        add_extension(&mut headers, value);
+                        ws.lock().deflate = Some(agreed);
+                    }
                     // Once hyper has written the 101 (the 200) it hands the
                     // socket (the stream) to the protocol's driver, which
                     // runs the WebSocket.
                     *conn.upgrade.lock() =
                         Some(Arc::clone(&ws) as Arc<dyn std::any::Any + Send + Sync>);
-                    sh
+                    (status, headers)
                 }
                 Err(e) => {
                     tracing::error!("cannot accept the WebSocket: {e}");

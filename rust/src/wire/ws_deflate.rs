@@ -1,0 +1,296 @@
+//! permessage-deflate's compression (RFC 7692 §7.2): raw DEFLATE through
+//! flate2 (zlib-rs), one sync-flushed block run per message with the
+//! trailing `00 00 ff ff` removed on send and appended on receive.
+//!
+//! Memory: a zlib-rs compressor costs ~200 KiB whatever its window (a fixed
+//! 128 KiB hash table, plus window and pending buffers), a decompressor
+//! 2^bits plus a few KiB. Skirr therefore always answers
+//! `server_no_context_takeover` (RFC 7692 §7.1.1.1 allows it unasked) and
+//! compresses with one compressor per thread, reset per message; a
+//! connection holds only its decompressor, created on the first compressed
+//! message and dropped after each one when the client has no context
+//! takeover.
+
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+
+use super::ws_extension::Agreed;
+
+/// The tail a sync flush ends with, removed from each message (§7.2.1).
+const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
+
+/// Why inflating failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum InflateError {
+    /// The message inflates past the size limit (close 1009).
+    TooBig,
+    /// Not a valid DEFLATE stream (close 1002... §8.2.3.4: fail).
+    Corrupt,
+}
+
+thread_local! {
+    /// Compressors without context (reset before each message), shared by
+    /// every connection of this thread: one per window size. A compressor
+    /// costs ~200 KiB with zlib-rs (its hash table alone is 128 KiB), too
+    /// much to keep per connection.
+    static SHARED: std::cell::RefCell<Vec<(u8, Compress)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Skirr's compressor for one connection.
+pub struct Deflater {
+    /// Its own state, only with context takeover (kept between messages).
+    state: Option<Compress>,
+    /// Window bits to compress with; `None` when the client limited the
+    /// server's window to 8 bits, which zlib cannot produce for raw
+    /// DEFLATE: messages then go uncompressed (allowed, RSV1 is per message).
+    bits: Option<u8>,
+    takeover: bool,
+}
+
+/// Compression level: zlib's default trade-off.
+const LEVEL: u32 = 6;
+
+impl Deflater {
+    /// A compressor for the agreement; `own_bits` is the window Skirr
+    /// prefers (it may always use less than agreed, §7.1.2.1).
+    pub fn new(agreed: &Agreed, own_bits: u8) -> Self {
+        let bits = own_bits.clamp(9, 15).min(agreed.server_max_window_bits);
+        Deflater {
+            state: None,
+            bits: (bits >= 9).then_some(bits),
+            takeover: !agreed.server_no_context_takeover,
+        }
+    }
+
+    /// Whether messages can be compressed at all.
+    pub fn enabled(&self) -> bool {
+        self.bits.is_some()
+    }
+
+    /// Compresses one whole message into `out` (appended). `false` if this
+    /// connection cannot compress (then `out` is unchanged).
+    pub fn compress(&mut self, data: &[u8], out: &mut Vec<u8>) -> bool {
+        let Some(bits) = self.bits else { return false };
+        if self.takeover {
+            let c = self.state.get_or_insert_with(|| {
+                Compress::new_with_window_bits(Compression::new(LEVEL), false, bits)
+            });
+            return compress_with(c, data, out);
+        }
+        SHARED.with(|shared| {
+            let Ok(mut pool) = shared.try_borrow_mut() else {
+                return false;
+            };
+            let i = match pool.iter().position(|(b, _)| *b == bits) {
+                Some(i) => i,
+                None => {
+                    pool.push((
+                        bits,
+                        Compress::new_with_window_bits(Compression::new(LEVEL), false, bits),
+                    ));
+                    pool.len() - 1
+                }
+            };
+            let c = &mut pool[i].1;
+            // No context: every message starts from an empty window.
+            c.reset();
+            compress_with(c, data, out)
+        })
+    }
+}
+
+fn compress_with(c: &mut Compress, data: &[u8], out: &mut Vec<u8>) -> bool {
+    let start = out.len();
+    let before_in = c.total_in();
+    out.reserve(data.len() / 2 + 64);
+    loop {
+        let consumed = (c.total_in() - before_in) as usize;
+        if out.capacity() - out.len() < 64 {
+            out.reserve(out.capacity().max(1024));
+        }
+        if c.compress_vec(&data[consumed..], out, FlushCompress::Sync)
+            .is_err()
+        {
+            // Cannot happen for a valid state; send the message plain.
+            out.truncate(start);
+            c.reset();
+            return false;
+        }
+        let done = (c.total_in() - before_in) as usize == data.len();
+        // Output space left over means the flush completed (zlib's
+        // contract for Z_SYNC_FLUSH).
+        if done && out.len() < out.capacity() {
+            break;
+        }
+    }
+    if out[start..].ends_with(&TAIL) {
+        out.truncate(out.len() - TAIL.len());
+    }
+    true
+}
+
+/// Skirr's decompressor for one connection.
+pub struct Inflater {
+    state: Option<Decompress>,
+    bits: u8,
+    takeover: bool,
+}
+
+impl Inflater {
+    /// A decompressor for the agreement (the client's window, §7.1.2.2).
+    pub fn new(agreed: &Agreed) -> Self {
+        Inflater {
+            state: None,
+            // An 8-bit window is read with a 9-bit one (zlib's minimum for
+            // raw inflate through flate2); a larger window reads any smaller.
+            bits: agreed.client_max_window_bits.clamp(9, 15),
+            takeover: !agreed.client_no_context_takeover,
+        }
+    }
+
+    /// Inflates `input` (part of a compressed message, unmasked), appending
+    /// to `out` but never beyond `limit` bytes in total: the output buffer
+    /// grows only as the data does, so a small frame that inflates to a huge
+    /// message costs at most `limit` bytes before `TooBig`. `last` marks the
+    /// end of the message (the removed tail is fed back, §7.2.2).
+    pub fn inflate(
+        &mut self,
+        input: &[u8],
+        last: bool,
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<(), InflateError> {
+        let bits = self.bits;
+        let d = self
+            .state
+            .get_or_insert_with(|| Decompress::new_with_window_bits(false, bits));
+        run_inflate(d, input, out, limit)?;
+        if last {
+            run_inflate(d, &TAIL, out, limit)?;
+            if !self.takeover {
+                self.state = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run_inflate(
+    d: &mut Decompress,
+    input: &[u8],
+    out: &mut Vec<u8>,
+    limit: usize,
+) -> Result<(), InflateError> {
+    let before_in = d.total_in();
+    loop {
+        let consumed = (d.total_in() - before_in) as usize;
+        if out.capacity() == out.len() {
+            if out.len() > limit {
+                return Err(InflateError::TooBig);
+            }
+            // Grow geometrically but never past limit + 1 (one byte over
+            // is enough to know the message is too big).
+            let want = out.len().max(4096).min(limit + 1 - out.len());
+            out.reserve_exact(want);
+        }
+        let room = out.capacity() - out.len();
+        let status = d
+            .decompress_vec(&input[consumed..], out, FlushDecompress::Sync)
+            .map_err(|_| InflateError::Corrupt)?;
+        if out.len() > limit {
+            return Err(InflateError::TooBig);
+        }
+        let consumed_all = (d.total_in() - before_in) as usize == input.len();
+        let filled = out.capacity() - out.len() == 0 && room > 0;
+        match status {
+            // The message's DEFLATE data may end with a final block; a
+            // peer sending more after it is corrupt.
+            Status::StreamEnd => {
+                return if consumed_all {
+                    Ok(())
+                } else {
+                    Err(InflateError::Corrupt)
+                }
+            }
+            Status::Ok | Status::BufError => {
+                if consumed_all && !filled {
+                    return Ok(());
+                }
+                if !filled && matches!(status, Status::BufError) {
+                    // No progress possible with input left: corrupt.
+                    return Err(InflateError::Corrupt);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agreed(snct: bool, cnct: bool) -> Agreed {
+        Agreed {
+            server_no_context_takeover: snct,
+            client_no_context_takeover: cnct,
+            server_max_window_bits: 15,
+            client_max_window_bits: 15,
+        }
+    }
+
+    #[test]
+    fn round_trip_with_and_without_takeover() {
+        for (s, c) in [(false, false), (true, true)] {
+            let a = agreed(s, c);
+            let mut d = Deflater::new(&a, 12);
+            let mut i = Inflater::new(&a);
+            for n in [0usize, 1, 100, 5000, 300_000] {
+                let msg: Vec<u8> = (0..n).map(|k| (k % 251) as u8 ^ (k / 7) as u8).collect();
+                let mut z = Vec::new();
+                assert!(d.compress(&msg, &mut z));
+                let mut back = Vec::new();
+                // Fed in pieces, as frames arrive.
+                let mid = z.len() / 2;
+                i.inflate(&z[..mid], false, &mut back, 1 << 20).unwrap();
+                i.inflate(&z[mid..], true, &mut back, 1 << 20).unwrap();
+                assert_eq!(back, msg);
+            }
+        }
+    }
+
+    #[test]
+    fn limit_holds_while_inflating() {
+        let a = agreed(false, false);
+        let mut d = Deflater::new(&a, 15);
+        let zeros = vec![0u8; 8 << 20];
+        let mut z = Vec::new();
+        d.compress(&zeros, &mut z);
+        assert!(z.len() < 16 * 1024);
+        let mut i = Inflater::new(&a);
+        let mut out = Vec::new();
+        assert_eq!(
+            i.inflate(&z, true, &mut out, 1 << 20),
+            Err(InflateError::TooBig)
+        );
+        assert!(out.capacity() <= (1 << 20) + 1, "{}", out.capacity());
+    }
+
+    #[test]
+    fn corrupt_input() {
+        let mut i = Inflater::new(&agreed(false, false));
+        let mut out = Vec::new();
+        assert_eq!(
+            i.inflate(&[0xff, 0xff, 0xff, 0xff], true, &mut out, 1000),
+            Err(InflateError::Corrupt)
+        );
+    }
+
+    #[test]
+    fn eight_bit_server_window_sends_plain() {
+        let mut a = agreed(false, false);
+        a.server_max_window_bits = 8;
+        let mut d = Deflater::new(&a, 12);
+        assert!(!d.enabled());
+        let mut z = Vec::new();
+        assert!(!d.compress(b"hello", &mut z));
+    }
+}
