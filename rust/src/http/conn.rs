@@ -373,12 +373,19 @@ pub(crate) async fn serve<I>(
         if let Err(reason) = wait_readable(&mut io, &ctx, &member).await {
             break reason;
         }
-        if std::mem::take(&mut first) && wants_h2(&mut io, &ctx).await {
+        // The HTTP/2 sniff and serve futures are boxed (and the sniff made
+        // only when HTTP/2 is on): inline, they made every connection's
+        // task 2.7 KiB where a parked HTTP/1.1 one needs 0.8 (bench/NOTES.md,
+        // entry 42).
+        if std::mem::take(&mut first)
+            && shared.config.http2.is_some()
+            && Box::pin(wants_h2(&mut io, &ctx)).await
+        {
             if let Some(h2) = &shared.http2 {
                 io.scan = None;
                 let _open = shared.metrics.connection(crate::metrics::Proto::Http2);
                 io.stop_line_scan();
-                break crate::http::h2conn::serve(io, &ctx, &member, h2).await;
+                break Box::pin(crate::http::h2conn::serve(io, &ctx, &member, h2)).await;
             }
         }
         open.get_or_insert_with(|| shared.metrics.connection(crate::metrics::Proto::Http1));

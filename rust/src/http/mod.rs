@@ -46,7 +46,11 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
     // `interim`), not HTTP/1.0 clients.
     let interim = req.conn.sends_interim(req.parts.version);
     let built = scope::http_scope(py, ctx, &req);
-    req.exch.lock().trailers = exchange::TrailersWanted::of(req.parts.version, &req.parts.headers);
+    // `No` is the exchange's default: its lock is taken only for a `TE: trailers`.
+    let trailers = exchange::TrailersWanted::of(req.parts.version, &req.parts.headers);
+    if trailers != exchange::TrailersWanted::No {
+        req.exch.lock().trailers = trailers;
+    }
     let HttpRequest {
         parts,
         exch,
