@@ -753,6 +753,45 @@ def measure_ws(name: str, conns: int, args, venv: Path) -> dict:
         stop_server(proc)
 
 
+# What each server needs to hold idle keep-alive connections for the whole
+# measurement (about 10 s from the first connection): a keep-alive timeout
+# of 30 s, and Gunicorn's workers more than `worker_connections` (1,000)
+# connections. Without it a server whose keep-alive is 5 s (Skirr's
+# default, uvicorn's, hypercorn's) closes them while PSS is read, and the
+# lowest PSS kept is that of fewer connections: the first "+22.6 MiB
+# standalone vs +42.5 MiB under Gunicorn" (bench/NOTES.md, entry 41).
+# Servers without such an option here: the table's `held` column says how
+# many connections were still open when PSS was read.
+IDLE_EXTRA = {
+    "skirr": " --keepalive-timeout 30",
+    "skirr-gunicorn": " --worker-connections 20000 --keep-alive 30",
+    "skirr-gunicorn-reuseport": " --worker-connections 20000 --keep-alive 30",
+    "uvicorn": " --timeout-keep-alive 30",
+    "uvicorn-worker": " --worker-connections 20000 --keep-alive 30",
+    "gunicorn-asgi": " --worker-connections 20000 --keep-alive 30",
+    "rustwasgi": " --worker-connections 20000 --keep-alive 30",
+    "hypercorn": " --keep-alive 30",
+}
+
+
+def still_open(socks: list) -> int:
+    """How many of the client's sockets the server has not closed (no end
+    of stream, no error, nothing unread beyond the one response)."""
+    n = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            if s.recv(1, socket.MSG_PEEK) == b"":
+                continue
+        except BlockingIOError:
+            n += 1
+            continue
+        except OSError:
+            continue
+        n += 1
+    return n
+
+
 def measure_idle(name: str, n: int, venv: Path) -> dict:
     """PSS of the server's process tree with `n` idle keep-alive connections
     (each has made one request), minus PSS before they were opened."""
@@ -765,10 +804,7 @@ def measure_idle(name: str, n: int, venv: Path) -> dict:
     if name == "hyper":
         w = Workload(w.name, "", "/", expect_body=w.expect_body)
     port = free_port()
-    # Gunicorn-based servers would otherwise hold only `worker_connections`
-    # (1,000) connections and drop idle ones after `keepalive` (2 s).
-    extra = " --worker-connections 20000 --keep-alive 30" if "gunicorn" in SERVERS[name] else ""
-    proc = start_server(name, w, port, venv, extra=extra)
+    proc = start_server(name, w, port, venv, extra=IDLE_EXTRA.get(name, ""))
     out = {"server": name, "connections": n}
     socks = []
     try:
@@ -799,6 +835,7 @@ def measure_idle(name: str, n: int, venv: Path) -> dict:
             pss_before_kib=before,
             pss_after_kib=after,
             answered=got,
+            held=still_open(socks),
             delta_mib=(after - before) / 1024.0,
             alive=proc.poll() is None,
         )
@@ -1010,14 +1047,15 @@ def markdown(report: dict) -> str:
     if report.get("idle"):
         lines.append(f"### {report['args']['idle']:,} idle keep-alive connections")
         lines.append("")
-        lines.append("| server | answered | PSS before MiB | PSS with connections MiB | cost MiB |")
-        lines.append("|---|---:|---:|---:|---:|")
+        lines.append("| server | answered | held | PSS before MiB | PSS with connections MiB | cost MiB |")
+        lines.append("|---|---:|---:|---:|---:|---:|")
         for c in report["idle"]:
             if c.get("error"):
-                lines.append(f"| {c['server']} | {c['error']} | | | |")
+                lines.append(f"| {c['server']} | {c['error']} | | | | |")
                 continue
+            held = f"{c['held']:,}" if c.get("held") is not None else "?"
             lines.append(
-                f"| {c['server']} | {c['answered']:,} | {c['pss_before_kib'] / 1024:.1f} | "
+                f"| {c['server']} | {c['answered']:,} | {held} | {c['pss_before_kib'] / 1024:.1f} | "
                 f"{c['pss_after_kib'] / 1024:.1f} | {c['delta_mib']:.1f} |"
             )
         lines.append("")

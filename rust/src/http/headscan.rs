@@ -54,6 +54,12 @@ impl HeadScan {
         })
     }
 
+    /// The head being read has a request line that has ended (a non-empty
+    /// line and its LF were seen), so `LineScan` need not look for it.
+    pub(crate) fn request_line_ended(&self) -> bool {
+        !self.request_line
+    }
+
     /// Bytes read from the socket. `idle`: no request is in progress, so
     /// they start (or continue) a head.
     pub(crate) fn feed(&mut self, bytes: &[u8], idle: bool) -> Scanned {

@@ -127,7 +127,9 @@ impl<I> ConnIo<I> {
         if self.line.off || self.line.done || bytes.is_empty() {
             return false;
         }
-        if bytes.contains(&b'\n') {
+        // The head scanner, which has just seen these bytes, already knows
+        // whether the request line ended: the same search is not done twice.
+        if self.scan.as_ref().is_some_and(HeadScan::request_line_ended) || bytes.contains(&b'\n') {
             self.line.done = true;
             return false;
         }

@@ -40,8 +40,12 @@ pub(crate) fn start(py: Python<'_>, ctx: &Arc<AppContext>, req: Box<HttpRequest>
     // `interim`), not HTTP/1.0 clients.
     let interim = req.conn.sends_interim(req.parts.version);
     let built = scope::http_scope(py, ctx, &req);
-    req.exch.lock().trailers =
+    // `No` is the exchange's default: its lock is taken only for a `TE: trailers`.
+    let trailers =
         crate::asgi::http::exchange::TrailersWanted::of(req.parts.version, &req.parts.headers);
+    if trailers != crate::asgi::http::exchange::TrailersWanted::No {
+        req.exch.lock().trailers = trailers;
+    }
     let HttpRequest {
         parts,
         exch,

@@ -126,11 +126,14 @@ pub(crate) async fn serve<I>(
     let why = match h1::wait_readable(&mut io, &ctx, &member).await {
         Err(reason) => reason,
         Ok(()) => match &builders.http2 {
-            Some(h2) if wants_h2(&mut io, &ctx).await => {
+            // The HTTP/2 sniff and serve futures are boxed: inline, they made
+            // every connection's task 2.7 KiB where a parked HTTP/1.1 one
+            // needs 0.8 (bench/NOTES.md, entry 43).
+            Some(h2) if Box::pin(wants_h2(&mut io, &ctx)).await => {
                 io.scan = None;
                 let _open = shared.metrics.connection(crate::metrics::Proto::Http2);
                 io.stop_line_scan();
-                h2::serve(io, &ctx, &member, h2, ws_over_h2).await
+                Box::pin(h2::serve(io, &ctx, &member, h2, ws_over_h2)).await
             }
             _ => match h1::serve(io, &ctx, &member, &builders.http1).await {
                 h1::End::Closed(reason) => reason,
