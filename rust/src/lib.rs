@@ -2,7 +2,8 @@
 //! standalone (`python -m skirr`).
 //!
 //! Each worker process builds, after fork, one Tokio runtime that owns every
-//! socket (HTTP/1.1 and HTTP/2 by hyper, WebSockets by tungstenite) and one
+//! socket (HTTP/1.1 and HTTP/2 by hyper; WebSockets on Skirr's own framing
+//! with permessage-deflate, `wire::ws_frame`, deflate by flate2) and one
 //! asyncio thread that runs the app; the [`bridge`] moves work between them
 //! in batches.
 //!
@@ -23,7 +24,7 @@
 //!             log; websocket/: a WebSocket's receive/send, shared state
 //! worker/     the worker's shared state        logging.rs
 //! bridge/     Tokio <-> asyncio: queue of jobs and wakes, task type
-//! config.rs   options          errors.rs, metrics.rs, wire/ (Python-free)
+//! config/     options          errors.rs, metrics/, wire/ (Python-free)
 //! ```
 //!
 //! The bridge names no protocol: a request reaches the asyncio thread as a
