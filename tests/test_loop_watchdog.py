@@ -91,7 +91,10 @@ def test_shared_socket_a_blocked_worker_leaves_connections_to_the_other():
 
 def test_reuse_port_a_blocked_worker_answers_503_on_its_own_socket():
     port = free_port()
-    cmd = [PY, "-m", "gunicorn", "-k", "skirr.RustWorker", "--graceful-timeout", "5", "-w", "2", "--timeout", "3"]
+    # --timeout 10 outlasts the 6 s block: a connection the kernel queues on
+    # a worker's own socket in the instant Gunicorn kills that worker is
+    # reset whatever the server does, so the storm stays inside the stall.
+    cmd = [PY, "-m", "gunicorn", "-k", "skirr.RustWorker", "--graceful-timeout", "5", "-w", "2", "--timeout", "10"]
     cmd += ["--reuse-port", "-b", f"127.0.0.1:{port}", APP]
     g = start(cmd, sock=None, port=port, uds=None, env=STALL, ready=False)
     try:
