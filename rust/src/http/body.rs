@@ -7,23 +7,23 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 use crate::asgi::http::exchange::{Aborted, Exchange, Out};
 use crate::asgi::http::zerocopy::FileRead;
 use crate::http::compress::Encoder;
 use crate::http::ctx::{BusyGuard, ConnCtx};
-use crate::http::pump::{check_deadlines, pump_body};
+use crate::http::pump::{check_deadlines, pump_body, RequestBody};
 
 /// What polling a body yields.
 type FramePoll = Poll<Option<Result<Frame<Bytes>, Aborted>>>;
 
 /// A streamed response body: chunks come from the app through the exchange.
 /// While it is being written, the request body keeps being read for the app
-/// (an app may stream its answer before it has read the whole upload).
-pub(crate) struct StreamBody {
+/// (an app may stream its answer before it has read the whole upload);
+/// `B` is the driver's request body type.
+pub(crate) struct StreamBody<B> {
     exch: Arc<Exchange>,
-    incoming: Option<Incoming>,
+    incoming: Option<B>,
     conn: Arc<ConnCtx>,
     expect_continue: bool,
     finished: bool,
@@ -35,10 +35,10 @@ pub(crate) struct StreamBody {
     reading: Option<FileRead>,
 }
 
-impl StreamBody {
+impl<B: RequestBody> StreamBody<B> {
     pub(crate) fn new(
         exch: Arc<Exchange>,
-        incoming: Option<Incoming>,
+        incoming: Option<B>,
         conn: Arc<ConnCtx>,
         expect_continue: bool,
     ) -> Self {
@@ -136,7 +136,20 @@ impl StreamBody {
     }
 }
 
-impl Drop for StreamBody {
+/// A streamed body behind [`ResponseBody`], whatever its request body type
+/// (the box the stream lives in anyway holds its vtable: no allocation
+/// more, and the response type stays one for every driver).
+trait Frames: Send {
+    fn poll(&mut self, cx: &mut Context<'_>) -> FramePoll;
+}
+
+impl<B: RequestBody> Frames for StreamBody<B> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> FramePoll {
+        StreamBody::poll(self, cx)
+    }
+}
+
+impl<B> Drop for StreamBody<B> {
     fn drop(&mut self) {
         if !self.finished && !self.exch.wire_complete() {
             // hyper dropped the body before its end: the client is gone.
@@ -261,7 +274,7 @@ impl Coder {
 
 enum Kind {
     Full(Option<Bytes>),
-    Stream(Box<StreamBody>),
+    Stream(Box<dyn Frames>),
     File(Box<FileBody>),
 }
 
@@ -317,7 +330,7 @@ impl ResponseBody {
         self
     }
 
-    pub(crate) fn stream(body: StreamBody, busy: BusyGuard) -> Self {
+    pub(crate) fn stream<B: RequestBody>(body: StreamBody<B>, busy: BusyGuard) -> Self {
         Self {
             kind: Kind::Stream(Box::new(body)),
             coder: None,

@@ -1,7 +1,9 @@
-//! Moving a request body from hyper to the exchange: a small body read
-//! whole before the app is called, a larger one pumped as the app reads
-//! it (bounded by `body_buffer`), and the per-request deadlines checked on
-//! the way.
+//! Moving a request body from the driver to the exchange: a small body
+//! read whole before the app is called, a larger one pumped as the app
+//! reads it (bounded by `body_buffer`), and the per-request deadlines
+//! checked on the way. The body is any [`RequestBody`]: hyper's `Incoming`
+//! on HTTP/1.1 and HTTP/2, a driver's own type elsewhere (HTTP/3); each is
+//! its own monomorphised copy, with no boxing.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -11,18 +13,31 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use http_body::Body;
-use hyper::body::Incoming;
 
 use crate::asgi::http::exchange::Exchange;
 use crate::http::activity::Expired;
 use crate::http::ctx::ConnCtx;
 
+/// A request body's error, boxed when it happens (only to be logged).
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request body as the service reads it: frames of [`Bytes`], an error
+/// convertible to [`BoxError`]. hyper's `Incoming` is one; a driver not
+/// built on hyper (HTTP/3) brings its own.
+pub(crate) trait RequestBody:
+    Body<Data = Bytes, Error: Into<BoxError>> + Unpin + Send + 'static
+{
+}
+
+impl<B> RequestBody for B where B: Body<Data = Bytes, Error: Into<BoxError>> + Unpin + Send + 'static
+{}
+
 /// Reads a whole body of a known small length, before the app starts.
 /// `Err` carries the answer: 400 for a body that fails, 408 when the
 /// client stalls past `body_read_timeout`, 503 past
 /// `response_start_timeout`.
-pub(crate) async fn read_small_body(
-    body: &mut Incoming,
+pub(crate) async fn read_small_body<B: RequestBody>(
+    body: &mut B,
     len: usize,
     conn: &ConnCtx,
 ) -> Result<Bytes, (StatusCode, &'static str)> {
@@ -62,6 +77,7 @@ pub(crate) async fn read_small_body(
         .await?;
         let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| {
+            let e: BoxError = e.into();
             tracing::debug!("request body read failed before dispatch: {e}");
             (StatusCode::BAD_REQUEST, "invalid request body")
         })?;
@@ -89,10 +105,10 @@ pub(crate) async fn read_small_body(
 ///
 /// A body that fails to parse (a bad chunk, a length cut short) rejects the
 /// request with 400; the client going away does the same, unseen.
-pub(crate) fn pump_body(
+pub(crate) fn pump_body<B: RequestBody>(
     cx: &mut Context<'_>,
     exch: &Arc<Exchange>,
-    incoming: &mut Option<Incoming>,
+    incoming: &mut Option<B>,
     conn: &ConnCtx,
     expect_continue: bool,
 ) {
@@ -112,6 +128,7 @@ pub(crate) fn pump_body(
                 }
             }
             Poll::Ready(Some(Err(e))) => {
+                let e: BoxError = e.into();
                 tracing::debug!("request body read failed: {e}");
                 *incoming = None;
                 conn.activity.body_wait(false);

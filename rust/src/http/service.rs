@@ -16,8 +16,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::EXPECT;
 use http::{HeaderValue, Request, Response, StatusCode};
-use http_body::Body;
-use hyper::body::Incoming;
 
 use crate::asgi::http::exchange::{Awaited, BodyOut, Exchange, ResponseHead};
 use crate::bridge::queue::Event;
@@ -25,7 +23,7 @@ use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::compress;
 use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::interim;
-use crate::http::pump::{check_deadlines, pump_body, read_small_body};
+use crate::http::pump::{check_deadlines, pump_body, read_small_body, RequestBody};
 use crate::wire::handshake;
 use crate::wire::request::{check_head, Seen, FIELD_TOO_LARGE};
 use crate::worker::Worker;
@@ -172,10 +170,10 @@ fn refuse_stalled(
     resp
 }
 
-/// A request whose head passed every check of [`admit`].
-pub(crate) struct Admitted {
+/// A request whose head passed every check of [`admit`]; `B`: its body.
+pub(crate) struct Admitted<B> {
     parts: http::request::Parts,
-    body: Incoming,
+    body: B,
     conn: Arc<ConnCtx>,
     busy: BusyGuard,
     received: Option<Instant>,
@@ -183,15 +181,15 @@ pub(crate) struct Admitted {
 }
 
 /// What [`admit`] decided.
-pub(crate) enum Admission {
+pub(crate) enum Admission<B> {
     /// The server answered itself (health path, a refused head, a stalled
     /// loop).
     Answered(Response<ResponseBody>),
     /// On to the app: an HTTP request or a WebSocket handshake.
-    Admitted(Admitted),
+    Admitted(Admitted<B>),
 }
 
-impl Admitted {
+impl<B> Admitted<B> {
     /// Whether the request opens a WebSocket (an HTTP/1.1 upgrade or an
     /// RFC 8441 extended CONNECT).
     pub(crate) fn is_websocket(&self) -> bool {
@@ -211,7 +209,7 @@ impl Admitted {
 /// counts and sizes (RFC 9110 §5, RFC 9112 §3), a trusted proxy's
 /// forwarding fields, a stalled loop. See the module docs. Not `async`: the
 /// request's one future stays one state machine.
-fn admit(req: Request<Incoming>, conn: Arc<ConnCtx>, mut busy: BusyGuard) -> Admission {
+fn admit<B>(req: Request<B>, conn: Arc<ConnCtx>, mut busy: BusyGuard) -> Admission<B> {
     let shared = &*conn.shared;
     let cfg = &conn.shared.config;
     let received = (cfg.access_log || cfg.server_timing).then(Instant::now);
@@ -397,9 +395,10 @@ pub(crate) type WsHandshake = fn(
 ) -> Pin<Box<dyn Future<Output = Response<ResponseBody>> + Send>>;
 
 /// Serves one request: see the module docs. A WebSocket handshake goes to
-/// `ws`.
-pub(crate) async fn handle(
-    req: Request<Incoming>,
+/// `ws`. `B` is the driver's request body (hyper's `Incoming` on HTTP/1.1
+/// and HTTP/2): each driver gets its own copy of this future.
+pub(crate) async fn handle<B: RequestBody>(
+    req: Request<B>,
     conn: Arc<ConnCtx>,
     ws: WsHandshake,
 ) -> Result<Response<ResponseBody>, Infallible> {
@@ -544,11 +543,11 @@ pub(crate) async fn handle(
 /// The response hyper writes: compressed as negotiated, its body full, a
 /// file, or streamed from the exchange (`stream`, called only then);
 /// `times`: when the app was called and the head received (Server-Timing).
-fn finish(
+fn finish<B: RequestBody>(
     conn: &ConnCtx,
     mut head: ResponseHead,
     coding: Option<(crate::config::Coding, bool, bool)>,
-    stream: impl FnOnce() -> StreamBody,
+    stream: impl FnOnce() -> StreamBody<B>,
     mut busy: BusyGuard,
     times: (Option<Instant>, Option<Instant>),
 ) -> Response<ResponseBody> {

@@ -10,15 +10,16 @@ use std::sync::Arc;
 
 use http::request::Parts;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use crate::http::body::ResponseBody;
 use crate::http::ctx::{BusyGuard, ConnCtx};
+use crate::http::pump::RequestBody;
 
-/// Serves one request on `conn` (the drivers' hyper service). A plain
+/// Serves one request on `conn` (the drivers' service; `B`: the driver's
+/// request body, hyper's `Incoming` on HTTP/1.1 and HTTP/2). A plain
 /// function returning the service's future: no wrapper state machine.
-pub(crate) fn handle(
-    req: Request<Incoming>,
+pub(crate) fn handle<B: RequestBody>(
+    req: Request<B>,
     conn: Arc<ConnCtx>,
 ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send {
     crate::http::service::handle(req, conn, websocket)
