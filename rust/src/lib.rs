@@ -14,12 +14,13 @@
 //! ```text
 //! server/     composition root: Server, run, listen, accept, tls, runtime
 //! proto/      wire-protocol drivers: h1/, h2/, ws/ (none uses another;
-//!             ws/ also answers the handshake and starts the app),
+//!             ws/ also answers the handshake),
 //!             mod.rs picks one, dispatch.rs routes a request
 //! http/       HTTP semantics shared by every version (Tokio side):
-//!             connection context, service, body, compression, interim
-//!             responses, the HTTP scope
-//! asgi/       protocol-neutral ASGI: application context, messages,
+//!             drivers' connection state (ctx.rs), service (generic over
+//!             the request body), body, compression, interim responses
+//! asgi/       protocol-neutral ASGI: application context, connection
+//!             facts (conn.rs), scopes, the app's start, messages,
 //!             lifespan; http/: the HTTP exchange, receive/send, access
 //!             log; websocket/: a WebSocket's receive/send, shared state
 //! worker/     the worker's shared state        logging.rs

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyDict;
 use tokio::sync::oneshot;
 
 use crate::asgi::context::AppContext;
-use crate::asgi::message::{is, message_type};
+use crate::asgi::message::{event, is, message_type};
 use crate::bridge::awaitable::ready;
 use crate::bridge::context::resolve;
 use crate::bridge::names::names;
@@ -62,12 +62,6 @@ pub(crate) struct LifespanProtocol {
     st: Mutex<LsState>,
 }
 
-fn event<'py>(py: Python<'py>, t: &Py<PyString>) -> PyResult<Bound<'py, PyAny>> {
-    let d = PyDict::new(py);
-    d.set_item(names(py).type_.bind(py), t.bind(py))?;
-    Ok(d.into_any())
-}
-
 impl LifespanProtocol {
     fn report(st: &mut LsState, outcome: Outcome) {
         if let Some(tx) = st.startup_tx.take() {
@@ -111,11 +105,11 @@ impl LifespanProtocol {
         let mut st = self.st.lock();
         if !st.startup_delivered {
             st.startup_delivered = true;
-            return ready(py, event(py, &n.lifespan_startup)?);
+            return ready(py, event(py, &n.lifespan_startup)?.into_any());
         }
         if st.shutdown_requested && !st.shutdown_delivered {
             st.shutdown_delivered = true;
-            return ready(py, event(py, &n.lifespan_shutdown)?);
+            return ready(py, event(py, &n.lifespan_shutdown)?.into_any());
         }
         let fut = self.ctx.waiter(py)?;
         st.waiter = Some(fut.clone().unbind());
@@ -242,7 +236,7 @@ fn handle(py: Python<'_>, ctx: &Arc<AppContext>, cmd: LifespanCommand) {
                 st.shutdown_delivered = true;
                 drop(st);
                 if let Ok(msg) = event(py, &names(py).lifespan_shutdown) {
-                    resolve(w.bind(py), msg);
+                    resolve(w.bind(py), msg.into_any());
                 }
             }
         }

@@ -7,6 +7,13 @@ use pyo3::types::{PyDict, PyString};
 
 use crate::bridge::names::names;
 
+/// A new message `{"type": t}`, for the caller to add its other keys.
+pub(crate) fn event<'py>(py: Python<'py>, t: &Py<PyString>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item(names(py).type_.bind(py), t.bind(py))?;
+    Ok(d)
+}
+
 /// The Python type name of `v`, for error messages.
 pub(crate) fn type_name(v: &Bound<'_, PyAny>) -> String {
     v.get_type()

@@ -1,17 +1,18 @@
-//! What a connection's requests share, whatever the wire protocol: the
-//! listener, the peer, TLS facts, timers ([`Activity`]), the interim sink,
-//! and the per-request [`BusyGuard`]. Built by the drivers in `proto/`.
+//! What a connection's requests share on the Tokio side, whatever the wire
+//! protocol: its scope facts ([`ConnInfo`], the ASGI side's), timers
+//! ([`Activity`]), the connection limit's permit, the upgrade and interim
+//! slots, and the per-request [`BusyGuard`]. Built by the drivers in
+//! `proto/`.
 
 use std::any::Any;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use pyo3::prelude::*;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::asgi::context::AppContext;
+use crate::asgi::conn::{ConnInfo, ListenerInfo, TlsInfo};
 use crate::http::activity::Activity;
 use crate::http::interim::{InterimSlot, StreamEncoder};
 use crate::worker::Worker;
@@ -26,47 +27,12 @@ use crate::worker::Worker;
 /// it too: a draining connection with no stream open (`proto::h2::serve`).
 pub(crate) const DRAIN_IDLE: Duration = Duration::from_millis(1000);
 
-/// Where a listener is bound, for `scope["server"]`.
-#[derive(Debug, Clone)]
-pub(crate) enum LocalAddr {
-    Tcp(SocketAddr),
-    Unix(String),
-}
-
-/// The `tls` extension's per-connection facts.
-#[derive(Debug, Clone)]
-pub struct TlsInfo {
-    /// e.g. `0x0304` for TLS 1.3.
-    pub version: u16,
-    /// The negotiated suite's IANA number.
-    pub cipher_suite: u16,
-    /// The client's certificate chain as PEM, leaf first (empty without
-    /// client authentication).
-    pub client_cert_chain: Vec<String>,
-    /// The leaf's subject as an RFC 4514 string (`None` without a client
-    /// certificate).
-    pub client_cert_name: Option<String>,
-    /// ALPN selected `h2`.
-    pub h2: bool,
-}
-
-/// Per-listener data shared by its connections.
-pub(crate) struct ListenerInfo {
-    pub(crate) local: LocalAddr,
-    /// The application context the connections' requests run in.
-    pub(crate) app: Arc<AppContext>,
-    /// `scope["server"]`, built once on the asyncio thread.
-    pub(crate) py_server: OnceLock<Py<PyAny>>,
-}
-
 /// Per-connection data shared by its requests.
 pub(crate) struct ConnCtx {
     pub(crate) shared: Arc<Worker>,
-    pub(crate) listener: Arc<ListenerInfo>,
-    /// The peer; `None` for Unix sockets.
-    pub(crate) peer: Option<SocketAddr>,
-    /// `scope["client"]`, built once on the asyncio thread.
-    pub(crate) py_client: OnceLock<Py<PyAny>>,
+    /// What the scopes need: listener, peer, TLS facts (shared by an
+    /// HTTP/2 connection's streams).
+    pub(crate) info: Arc<ConnInfo>,
     pub(crate) activity: Activity,
     /// This connection's slot under the connection limit; held for as long
     /// as anything (the connection task, or a WebSocket it became) keeps
@@ -76,8 +42,6 @@ pub(crate) struct ConnCtx {
     /// `asgi::websocket::shared::WsShared`, which this floor does not name): once
     /// hyper has written the 101, the socket goes to the WebSocket driver.
     pub(crate) upgrade: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
-    /// The TLS session's facts, for the scope's `tls` extension.
-    pub(crate) tls: Option<Box<TlsInfo>>,
     /// hyper's read, parked on a hidden end of stream (see
     /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
     pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,
@@ -106,13 +70,10 @@ impl ConnCtx {
     ) -> Self {
         ConnCtx {
             shared,
-            listener,
-            peer,
-            py_client: OnceLock::new(),
+            info: Arc::new(ConnInfo::new(listener, peer, tls)),
             activity: Activity::new(),
             _permit: permit,
             upgrade: Mutex::new(None),
-            tls,
             eof_waker: Mutex::new(None),
             eof_probe: Mutex::new(None),
             interim: Arc::default(),
@@ -143,19 +104,16 @@ impl ConnCtx {
         }
     }
 
-    /// The context of one HTTP/2 stream: the connection's facts, its own
-    /// [`Activity`] (the stream's deadlines). The connection's slot under
-    /// the limit stays with the connection.
+    /// The context of one HTTP/2 stream: the connection's facts (shared),
+    /// its own [`Activity`] (the stream's deadlines). The connection's slot
+    /// under the limit stays with the connection.
     pub(crate) fn for_stream(&self, stream: Option<u32>, encode: StreamEncoder) -> ConnCtx {
         ConnCtx {
             shared: Arc::clone(&self.shared),
-            listener: Arc::clone(&self.listener),
-            peer: self.peer,
-            py_client: OnceLock::new(),
+            info: Arc::clone(&self.info),
             activity: Activity::new(),
             _permit: None,
             upgrade: Mutex::new(None),
-            tls: self.tls.clone(),
             eof_waker: Mutex::new(None),
             eof_probe: Mutex::new(None),
             interim: Arc::clone(&self.interim),

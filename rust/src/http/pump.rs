@@ -161,7 +161,10 @@ pub(crate) fn check_deadlines(conn: &ConnCtx, exch: &Arc<Exchange>) {
     let shared = &*conn.shared;
     match e {
         Expired::Body => {
-            tracing::debug!("request body from {:?} not received in time", conn.peer);
+            tracing::debug!(
+                "request body from {:?} not received in time",
+                conn.info.peer
+            );
             exch.reject(
                 StatusCode::REQUEST_TIMEOUT,
                 "request body not received in time",

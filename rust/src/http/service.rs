@@ -242,14 +242,14 @@ fn admit<B>(req: Request<B>, conn: Arc<ConnCtx>, mut busy: BusyGuard) -> Admissi
     let seen = match seen {
         Ok(seen) => seen,
         Err(r) => {
-            tracing::debug!("rejected a request from {:?}: {}", conn.peer, r.reason);
+            tracing::debug!("rejected a request from {:?}: {}", conn.info.peer, r.reason);
             return Admission::Answered(answer(parts, &conn, received, r.status, r.reason, busy));
         }
     };
     if let Some(proxy) = &shared.config.proxy {
         // What a trusted proxy says about the client rides in the request's
         // extensions to the scope builder.
-        match proxy.origin(&parts.headers, conn.peer.map(|p| p.ip())) {
+        match proxy.origin(&parts.headers, conn.info.peer.map(|p| p.ip())) {
             Ok(Some(origin)) => {
                 parts.extensions.insert(origin);
             }
@@ -438,7 +438,8 @@ pub(crate) async fn handle<B: RequestBody>(
 
     let max_body = shared.config.max_body_size;
     if max_body > 0 && body.size_hint().lower() > max_body {
-        tracing::debug!("rejected a request from {:?}: body too large", conn.peer);
+        let peer = conn.info.peer;
+        tracing::debug!("rejected a request from {peer:?}: body too large");
         return Ok(answer(
             parts,
             &conn,
@@ -448,12 +449,11 @@ pub(crate) async fn handle<B: RequestBody>(
             busy,
         ));
     }
-    let prefetch = shared.config.body_prefetch as u64;
     let (exch, mut incoming) = if bodyless {
         (Arc::new(Exchange::with_complete_body(Bytes::new())), None)
     } else {
         match body.size_hint().exact() {
-            Some(len) if !expect_continue && len <= prefetch => {
+            Some(len) if !expect_continue && len <= shared.config.body_prefetch as u64 => {
                 match read_small_body(&mut body, len as usize, &conn).await {
                     Ok(data) => (Arc::new(Exchange::with_complete_body(data)), None),
                     // The app never sees this request; hyper closes the
@@ -480,7 +480,7 @@ pub(crate) async fn handle<B: RequestBody>(
         shared,
         armed: true,
     };
-    exch.attach(&conn.listener.app);
+    exch.attach(conn.info.app());
     shared.queue.push(Event::Run(Box::new(HttpRequest {
         parts,
         exch: Arc::clone(&exch),

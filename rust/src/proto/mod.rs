@@ -24,8 +24,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
+use crate::asgi::conn::{ListenerInfo, TlsInfo};
 use crate::asgi::websocket::shared::WsShared;
-use crate::http::ctx::{ConnCtx, ListenerInfo, TlsInfo};
+use crate::http::ctx::ConnCtx;
 use crate::http::io::{ConnIo, Readiness};
 use crate::worker::Worker;
 
@@ -88,7 +89,7 @@ async fn wants_h2<I: AsyncRead + Unpin>(io: &mut ConnIo<I>, ctx: &ConnCtx) -> bo
     if !h2.http1 {
         return true;
     }
-    if let Some(tls) = &ctx.tls {
+    if let Some(tls) = &ctx.info.tls {
         return tls.h2;
     }
     h2.prior_knowledge && h2::sniff_preface(io, ctx.shared.config.header_read_timeout).await

@@ -11,7 +11,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::http::ctx::ListenerInfo;
+use crate::asgi::conn::ListenerInfo;
 use crate::proto::{serve, Builders};
 use crate::server::tls;
 use crate::wire::proxy_protocol::{self, Parsed, MAX_HEADER};

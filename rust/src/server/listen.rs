@@ -13,8 +13,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::asgi::conn::{ListenerInfo, LocalAddr};
 use crate::asgi::context::AppContext;
-use crate::http::ctx::{ListenerInfo, LocalAddr};
 use crate::proto::{self, Builders};
 use crate::server::accept;
 use crate::server::admission;

@@ -19,8 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
+use crate::asgi::conn::TlsInfo;
 use crate::config::{ClientAuth, TlsSettings};
-use crate::http::ctx::TlsInfo;
 use crate::worker::connections::Order;
 use crate::worker::Worker;
 

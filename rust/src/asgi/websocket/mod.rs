@@ -11,3 +11,43 @@
 
 pub(crate) mod protocol;
 pub(crate) mod shared;
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use crate::asgi::conn::ConnInfo;
+use crate::asgi::context::AppContext;
+use crate::asgi::scope::websocket_scope;
+use protocol::WebSocketProtocol;
+use shared::WsShared;
+
+/// Starts the application for a WebSocket handshake (asyncio thread):
+/// `parts` is its head, `ws` the state shared with its connection `conn`,
+/// `subprotocols` the client's offers in order.
+///
+/// Never raises: a failure before the app runs is logged and answered 500.
+pub(crate) fn start(
+    py: Python<'_>,
+    ctx: &Arc<AppContext>,
+    parts: &http::request::Parts,
+    ws: &Arc<WsShared>,
+    conn: &ConnInfo,
+    subprotocols: &[String],
+) {
+    let proto = WebSocketProtocol::new(Arc::clone(ws), Arc::clone(ctx));
+    let scope = match websocket_scope(py, ctx, parts, conn, subprotocols) {
+        Ok(s) => s,
+        Err(e) => {
+            proto.on_error(py, e);
+            return;
+        }
+    };
+    crate::asgi::start::call(
+        py,
+        ctx,
+        scope,
+        proto,
+        "could not create the WebSocket protocol",
+    );
+}

@@ -11,14 +11,14 @@ use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyString};
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::CloseFrame;
 use tungstenite::Message;
 
 use crate::asgi::context::AppContext;
 use crate::asgi::http::exchange::ResponseHead;
-use crate::asgi::message::message_type;
+use crate::asgi::message::{event, message_type};
 use crate::asgi::websocket::shared::{
     has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
 };
@@ -55,12 +55,6 @@ pub(crate) struct WebSocketProtocol {
     ws: Arc<WsShared>,
     ctx: Arc<AppContext>,
     st: Mutex<ProtoState>,
-}
-
-fn event<'py>(py: Python<'py>, t: &Py<PyString>) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item(names(py).type_.bind(py), t.bind(py))?;
-    Ok(d)
 }
 
 fn inbound_message<'py>(py: Python<'py>, m: Message) -> PyResult<Bound<'py, PyAny>> {

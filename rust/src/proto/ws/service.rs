@@ -17,7 +17,7 @@ use hyper::upgrade::OnUpgrade;
 
 use crate::asgi::http::exchange::{BodyOut, Exchange};
 use crate::asgi::websocket::shared::{Decision, WsShared, ABNORMAL};
-use crate::bridge::queue::Event;
+use crate::bridge::queue::{Event, Job};
 use crate::http::body::ResponseBody;
 use crate::http::ctx::{BusyGuard, ConnCtx};
 use crate::http::service::HttpRequest;
@@ -32,6 +32,20 @@ pub(crate) struct WsRequest {
     pub(crate) conn: Arc<ConnCtx>,
     /// The client's `Sec-WebSocket-Protocol` offers, in order.
     pub(crate) subprotocols: Vec<String>,
+}
+
+impl Job for WsRequest {
+    fn run(self: Box<Self>, py: pyo3::Python<'_>) {
+        let ctx = std::sync::Arc::clone(self.conn.info.app());
+        crate::asgi::websocket::start(
+            py,
+            &ctx,
+            &self.parts,
+            &self.ws,
+            &self.conn.info,
+            &self.subprotocols,
+        );
+    }
 }
 
 /// Tells the app the client left if the handshake is dropped undecided
@@ -154,7 +168,7 @@ async fn decide(
         shared: &shared,
         armed: true,
     };
-    ws.attach(&conn.listener.app);
+    ws.attach(conn.info.app());
     shared.queue.push(Event::Run(Box::new(WsRequest {
         parts,
         ws: Arc::clone(&ws),

@@ -1,5 +1,6 @@
-//! Building the HTTP connection scope (ASGI HTTP spec 2.5, "Connection
-//! Scope") from a parsed request head.
+//! Building the HTTP and WebSocket connection scopes (ASGI HTTP and
+//! WebSocket specs 2.5, "Connection Scope") from a parsed request head and
+//! its connection's [`ConnInfo`], whatever the wire protocol.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -10,10 +11,9 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
+use crate::asgi::conn::{ConnInfo, LocalAddr};
 use crate::asgi::context::AppContext;
 use crate::bridge::names::{names, Names};
-use crate::http::ctx::{ConnCtx, LocalAddr};
-use crate::http::service::HttpRequest;
 use crate::wire::proxy::Origin;
 
 fn method<'py>(py: Python<'py>, n: &Names, m: &Method) -> Bound<'py, PyString> {
@@ -111,7 +111,7 @@ fn fill_common(
     scope: &Bound<'_, PyDict>,
     ctx: &AppContext,
     p: &http::request::Parts,
-    conn: &ConnCtx,
+    conn: &ConnInfo,
 ) -> PyResult<()> {
     let n = names(py);
     // The template holds "1.1", `b""` as the query, and (HTTP) "GET" and
@@ -185,13 +185,14 @@ fn fill_common(
 /// certificate that fails verification during the handshake).
 fn extensions<'py>(
     py: Python<'py>,
-    conn: &ConnCtx,
+    ctx: &AppContext,
+    conn: &ConnInfo,
     template: &Py<PyDict>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ext = template.bind(py).copy()?;
     if let Some(t) = &conn.tls {
         let d = PyDict::new(py);
-        d.set_item("server_cert", conn.shared.tls_server_cert.as_deref())?;
+        d.set_item("server_cert", ctx.shared.tls_server_cert.as_deref())?;
         d.set_item("client_cert_chain", PyList::new(py, &t.client_cert_chain)?)?;
         d.set_item("client_cert_name", t.client_cert_name.as_deref())?;
         d.set_item("client_cert_error", py.None())?;
@@ -202,28 +203,32 @@ fn extensions<'py>(
     Ok(ext)
 }
 
-/// The scope of an HTTP request (ASGI HTTP spec 2.5).
+/// The scope of an HTTP request (ASGI HTTP spec 2.5); `interim`: whether
+/// interim responses can reach its client (the driver knows), which
+/// advertises `http.response.early_hint`.
 pub(crate) fn http_scope<'py>(
     py: Python<'py>,
     ctx: &AppContext,
-    req: &HttpRequest,
+    parts: &http::request::Parts,
+    conn: &ConnInfo,
+    interim: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = names(py);
     let scope = ctx.http_template.bind(py).copy()?;
-    fill_common(py, &scope, ctx, &req.parts, &req.conn)?;
-    if req.parts.method != Method::GET {
-        put(&scope, &n.method, &method(py, n, &req.parts.method))?;
+    fill_common(py, &scope, ctx, parts, conn)?;
+    if parts.method != Method::GET {
+        put(&scope, &n.method, &method(py, n, &parts.method))?;
     }
-    let https = req.parts.extensions.get::<Origin>().and_then(|o| o.https);
-    if https.unwrap_or(req.conn.tls.is_some()) {
+    let https = parts.extensions.get::<Origin>().and_then(|o| o.https);
+    if https.unwrap_or(conn.tls.is_some()) {
         put(&scope, &n.scheme, n.https.bind(py))?;
     }
-    let template = if req.conn.sends_interim(req.parts.version) {
+    let template = if interim {
         &ctx.interim_extensions
     } else {
         &ctx.http_extensions
     };
-    let ext = extensions(py, &req.conn, template)?;
+    let ext = extensions(py, ctx, conn, template)?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
@@ -234,7 +239,7 @@ pub(crate) fn websocket_scope<'py>(
     py: Python<'py>,
     ctx: &AppContext,
     parts: &http::request::Parts,
-    conn: &ConnCtx,
+    conn: &ConnInfo,
     subprotocols: &[String],
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = names(py);
@@ -248,7 +253,7 @@ pub(crate) fn websocket_scope<'py>(
     };
     put(&scope, &n.scheme, scheme.bind(py))?;
     put(&scope, &n.subprotocols, &PyList::new(py, subprotocols)?)?;
-    let ext = extensions(py, conn, &ctx.ws_extensions)?;
+    let ext = extensions(py, ctx, conn, &ctx.ws_extensions)?;
     put(&scope, &n.extensions, &ext)?;
     Ok(scope)
 }
