@@ -4,7 +4,6 @@
 //! slots, and the per-request [`BusyGuard`]. Built by the drivers in
 //! `proto/`.
 
-use std::any::Any;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::asgi::conn::{ConnInfo, ListenerInfo, TlsInfo};
+use crate::asgi::websocket::shared::WsShared;
 use crate::http::activity::Activity;
 use crate::http::interim::{InterimSlot, StreamEncoder};
 use crate::worker::Worker;
@@ -38,10 +38,11 @@ pub(crate) struct ConnCtx {
     /// as anything (the connection task, or a WebSocket it became) keeps
     /// the context alive.
     _permit: Option<OwnedSemaphorePermit>,
-    /// Set by the WebSocket service when the app accepts (its
-    /// `asgi::websocket::shared::WsShared`, which this floor does not name): once
-    /// hyper has written the 101, the socket goes to the WebSocket driver.
-    pub(crate) upgrade: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
+    /// The WebSocket the app accepted, set by the handshake service
+    /// (`proto::ws`): once hyper has written the 101 (the 200 to an
+    /// extended CONNECT), the driver takes it and hands the socket (the
+    /// stream) to the WebSocket driver.
+    pub(crate) upgrade: Mutex<Option<Arc<WsShared>>>,
     /// hyper's read, parked on a hidden end of stream (see
     /// [`ConnIo`](crate::http::io::ConnIo)): woken when the response ends.
     pub(crate) eof_waker: Mutex<Option<std::task::Waker>>,

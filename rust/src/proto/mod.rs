@@ -139,9 +139,6 @@ pub(crate) async fn serve<I>(
             _ => match h1::serve(io, &ctx, &member, &builders.http1).await {
                 h1::End::Closed(reason) => reason,
                 h1::End::Upgraded(mut io, ws, _open) => {
-                    let Ok(ws) = ws.downcast::<WsShared>() else {
-                        return;
-                    };
                     io.scan = None;
                     io.stop_line_scan();
                     // Boxed: a parked connection's task then holds only a

@@ -14,7 +14,6 @@
 //!   hands the socket back the same way; the WebSocket driver then runs in
 //!   this connection's task, under the same stop orders.
 
-use std::any::Any;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
@@ -26,6 +25,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::asgi::websocket::shared::WsShared;
 use crate::http::activity::{clock_ms, deadline_at, Timeouts, Verdict};
 use crate::http::ctx::{head_parsed, ConnCtx, DRAIN_IDLE};
 use crate::http::io::{ConnIo, Readiness};
@@ -151,7 +151,7 @@ pub(crate) enum End<I> {
     /// socket back, with the accepted socket's state (see
     /// [`ConnCtx::upgrade`]); the gauge keeps the connection counted as
     /// HTTP/1.1 meanwhile.
-    Upgraded(ConnIo<I>, Arc<dyn Any + Send + Sync>, Option<OpenGauge>),
+    Upgraded(ConnIo<I>, Arc<WsShared>, Option<OpenGauge>),
 }
 
 /// Serves HTTP/1.1 on a socket that has become readable, until the

@@ -427,7 +427,6 @@ where
         loop {
             if let Poll::Ready(Ok(resp)) = this.inner.as_mut().poll(cx) {
                 let accepted = this.stream.upgrade.lock().take();
-                let accepted = accepted.and_then(|ws| ws.downcast::<WsShared>().ok());
                 if let (Some(ws), Some(up)) = (accepted, this.upgrade.take()) {
                     start_websocket(up, ws, Arc::clone(&this.stream), &this.streams);
                 }

@@ -197,8 +197,7 @@ async fn decide(
                     // Once hyper has written the 101 (the 200) it hands the
                     // socket (the stream) to the protocol's driver, which
                     // runs the WebSocket.
-                    *conn.upgrade.lock() =
-                        Some(Arc::clone(&ws) as Arc<dyn std::any::Any + Send + Sync>);
+                    *conn.upgrade.lock() = Some(Arc::clone(&ws));
                     (status, headers)
                 }
                 Err(e) => {
