@@ -1,8 +1,10 @@
 //! What the ASGI side needs to build scopes and run applications: the
 //! bridge's [`LoopCtx`], the worker's state, prebuilt scope templates and
-//! extensions, the lifespan state and the access logger.
+//! extensions, the lifespan state and the access logger; and the
+//! [`WakeSlot`] an HTTP exchange or a WebSocket is woken through.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -10,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict, PyString};
 
 use crate::bridge::context::LoopCtx;
 use crate::bridge::names::names;
+use crate::bridge::queue::{Event, Wake};
 use crate::worker::Worker;
 
 /// The ASGI side's context: the [`LoopCtx`] (reached through `Deref`), the
@@ -134,5 +137,44 @@ impl AppContext {
             reopen_logs: p.reopen_logs,
             lifespan: Mutex::new(None),
         })
+    }
+}
+
+/// What lets an HTTP exchange or a WebSocket be woken on the asyncio
+/// thread: its "queued" mark (it is in the event queue at most once at a
+/// time, which keeps the queue bounded) and the application context its
+/// wakes run in.
+#[derive(Default)]
+pub(crate) struct WakeSlot {
+    queued: AtomicBool,
+    /// Unset for an exchange no app sees (an answer the server made).
+    app: OnceLock<Arc<AppContext>>,
+}
+
+impl WakeSlot {
+    /// Ties the slot to the application context its wakes run in (once,
+    /// before its request or handshake is queued).
+    pub(crate) fn attach(&self, app: &Arc<AppContext>) {
+        let _ = self.app.set(Arc::clone(app));
+    }
+
+    /// The application context, once attached.
+    pub(crate) fn app(&self) -> Option<&Arc<AppContext>> {
+        self.app.get()
+    }
+
+    /// Clears the "queued" mark ([`Wake::unqueue`]).
+    pub(crate) fn unqueue(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+
+    /// Queues `owner` (the object that holds this slot) for the asyncio
+    /// thread's attention, unless it is already queued.
+    pub(crate) fn queue<W: Wake + 'static>(&self, owner: &Arc<W>, shared: &Worker) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            shared
+                .queue
+                .push(Event::Wake(Arc::clone(owner) as Arc<dyn Wake>));
+        }
     }
 }

@@ -16,8 +16,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -26,9 +25,9 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::asgi::context::AppContext;
+use crate::asgi::context::{AppContext, WakeSlot};
 pub(crate) use crate::asgi::http::response::{Aborted, BodyOut, Out, ResponseHead};
-use crate::bridge::queue::{Event, Wake};
+use crate::bridge::queue::Wake;
 use crate::bridge::waiter::Waiter;
 use crate::worker::Worker;
 
@@ -161,20 +160,18 @@ impl TrailersWanted {
 #[derive(Default)]
 pub(crate) struct Exchange {
     st: Mutex<ExchState>,
-    /// Already queued for the asyncio thread's attention.
-    queued: AtomicBool,
-    /// The application context its wakes run in (see [`Exchange::attach`]);
-    /// unset for an exchange no app sees (an answer the server made).
-    app: OnceLock<Arc<AppContext>>,
+    /// Its place in the event queue and the application context its wakes
+    /// run in (see [`Exchange::attach`]).
+    wake: WakeSlot,
 }
 
 impl Wake for Exchange {
     fn unqueue(&self) {
-        self.queued.store(false, Ordering::Release);
+        self.wake.unqueue();
     }
 
     fn wake(self: Arc<Self>, py: Python<'_>) {
-        if let Some(ctx) = self.app.get() {
+        if let Some(ctx) = self.wake.app() {
             crate::asgi::http::protocol::on_wake(py, ctx, &self);
         }
     }
@@ -203,17 +200,13 @@ impl Exchange {
     /// Asks the asyncio thread to look at this exchange's waiters, unless it
     /// is already queued.
     pub(crate) fn needs_python(self: &Arc<Self>, shared: &Worker) {
-        if !self.queued.swap(true, Ordering::AcqRel) {
-            shared
-                .queue
-                .push(Event::Wake(Arc::clone(self) as Arc<dyn Wake>));
-        }
+        self.wake.queue(self, shared);
     }
 
     /// Ties the exchange to the application context its wakes run in (once,
     /// before its request is queued).
     pub(crate) fn attach(&self, app: &Arc<AppContext>) {
-        let _ = self.app.set(Arc::clone(app));
+        self.wake.attach(app);
     }
 
     // ------------------------------------------------------------ Tokio side

@@ -285,14 +285,7 @@ impl HttpProtocol {
             st.sent = len;
             BodyOut::File { file, len }
         };
-        self.exch.respond(
-            ResponseHead {
-                status,
-                headers,
-                body,
-            },
-            &self.ctx.shared,
-        );
+        self.respond(status, headers, body);
         self.finish(py, st);
         self.ctx.done(py)
     }
@@ -418,40 +411,47 @@ impl HttpProtocol {
         if dropped.is_empty() {
             return;
         }
-        let location = caller_location(py);
-        if !self.ctx.warn_once(format!("trailers {location}")) {
-            return;
-        }
-        self.ctx.log(
-            py,
-            30,
-            &format!(
+        self.warn_at(py, "trailers", |location| {
+            format!(
                 "trailer fields {} sent at {location} were dropped: on HTTP/1.1 only the \
                  fields the response's Trailer header names are sent (RFC 9110 §6.6.2); \
                  name them in http.response.start, e.g. (b\"trailer\", b\"{}\") (warned once \
                  per location)",
                 dropped.join(", "),
                 dropped.join(", "),
-            ),
-        );
+            )
+        });
     }
 
     /// A body on a 1xx/204/304 response is dropped, as every peer does
     /// (RFC 9110 §15.3.5, §15.4.5): warned once per status and app
     /// location (the frame that called `send()`).
     fn warn_dropped_body(&self, py: Python<'_>, status: u16, len: usize) {
-        let location = caller_location(py);
-        if !self.ctx.warn_once(format!("{status} {location}")) {
-            return;
-        }
-        self.ctx.log(
-            py,
-            30,
-            &format!(
+        self.warn_at(py, &status.to_string(), |location| {
+            format!(
                 "a {status} response cannot have a body: the {len} bytes sent at {location} \
                  were dropped (RFC 9110 §15; warned once per location)"
-            ),
-        );
+            )
+        });
+    }
+
+    /// Hands the response head to the Tokio side.
+    fn respond(&self, status: StatusCode, headers: HeaderMap, body: BodyOut) {
+        let head = ResponseHead {
+            status,
+            headers,
+            body,
+        };
+        self.exch.respond(head, &self.ctx.shared);
+    }
+
+    /// Logs a warning once per `kind` and app location (the frame that
+    /// called `send()`); `message` is given the location.
+    fn warn_at(&self, py: Python<'_>, kind: &str, message: impl FnOnce(&str) -> String) {
+        let location = caller_location(py);
+        if self.ctx.warn_once(format!("{kind} {location}")) {
+            self.ctx.log(py, 30, &message(&location));
+        }
     }
 
     /// The app suspended: flush a held start so headers are not delayed by
@@ -467,14 +467,7 @@ impl HttpProtocol {
                     (Phase::Streaming, BodyOut::Stream)
                 };
                 st.phase = phase;
-                self.exch.respond(
-                    ResponseHead {
-                        status,
-                        headers,
-                        body,
-                    },
-                    &self.ctx.shared,
-                );
+                self.respond(status, headers, body);
             }
         }
     }

@@ -10,8 +10,7 @@
 //! on one socket.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use http::HeaderMap;
@@ -19,9 +18,9 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use tungstenite::Message;
 
-use crate::asgi::context::AppContext;
+use crate::asgi::context::{AppContext, WakeSlot};
 use crate::asgi::http::exchange::ResponseHead;
-use crate::bridge::queue::{Event, Wake};
+use crate::bridge::queue::Wake;
 use crate::bridge::waiter::Waiter;
 use crate::config::Config;
 use crate::worker::Worker;
@@ -99,18 +98,18 @@ pub(crate) struct WsState {
 #[derive(Default)]
 pub(crate) struct WsShared {
     st: Mutex<WsState>,
-    queued: AtomicBool,
-    /// The application context its wakes run in (see [`WsShared::attach`]).
-    app: OnceLock<Arc<AppContext>>,
+    /// Its place in the event queue and the application context its wakes
+    /// run in (see [`WsShared::attach`]).
+    wake: WakeSlot,
 }
 
 impl Wake for WsShared {
     fn unqueue(&self) {
-        self.queued.store(false, Ordering::Release);
+        self.wake.unqueue();
     }
 
     fn wake(self: Arc<Self>, py: Python<'_>) {
-        if let Some(ctx) = self.app.get() {
+        if let Some(ctx) = self.wake.app() {
             crate::asgi::websocket::protocol::on_wake(py, ctx, &self);
         }
     }
@@ -123,17 +122,13 @@ impl WsShared {
 
     /// Asks the asyncio thread to look at this socket's waiters.
     pub(crate) fn needs_python(self: &Arc<Self>, shared: &Worker) {
-        if !self.queued.swap(true, Ordering::AcqRel) {
-            shared
-                .queue
-                .push(Event::Wake(Arc::clone(self) as Arc<dyn Wake>));
-        }
+        self.wake.queue(self, shared);
     }
 
     /// Ties the socket to the application context its wakes run in (once,
     /// before its handshake is queued).
     pub(crate) fn attach(&self, app: &Arc<AppContext>) {
-        let _ = self.app.set(Arc::clone(app));
+        self.wake.attach(app);
     }
 
     /// Tokio side: waits for the app's handshake decision.

@@ -9,7 +9,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use super::{HttpProtocol, Phase, ProtoState};
-use crate::asgi::http::exchange::{BodyOut, Out, ResponseHead};
+use crate::asgi::http::exchange::{BodyOut, Out};
 use crate::errors::ClientDisconnected;
 
 impl HttpProtocol {
@@ -105,28 +105,14 @@ impl HttpProtocol {
                         (BodyOut::Stream, Some(file))
                     }
                 };
-                self.exch.respond(
-                    ResponseHead {
-                        status,
-                        headers,
-                        body,
-                    },
-                    shared,
-                );
+                self.respond(status, headers, body);
                 if let Some(file) = file {
                     self.exch.push_out(file, true, shared);
                 }
                 return self.ended(py, st, more_body);
             }
             st.phase = Phase::Streaming;
-            self.exch.respond(
-                ResponseHead {
-                    status,
-                    headers,
-                    body: BodyOut::Stream,
-                },
-                shared,
-            );
+            self.respond(status, headers, BodyOut::Stream);
         }
         if more_body && wire_end {
             self.exch.push_out(body, true, shared);
@@ -196,14 +182,7 @@ impl HttpProtocol {
         let shared = &self.ctx.shared;
         st.sent = total;
         if let Some((status, headers)) = st.held.take() {
-            self.exch.respond(
-                ResponseHead {
-                    status,
-                    headers,
-                    body: BodyOut::Stream,
-                },
-                shared,
-            );
+            self.respond(status, headers, BodyOut::Stream);
         }
         self.exch.push_out(body, false, shared);
         self.exch.abort(shared);

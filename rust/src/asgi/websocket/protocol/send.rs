@@ -22,6 +22,31 @@ fn get<'py>(d: &Bound<'py, PyDict>, k: &Py<PyString>) -> PyResult<Option<Bound<'
     Ok(d.get_item(k.bind(d.py()))?.filter(|v| !v.is_none()))
 }
 
+/// `message[k]` as a `str` (`None` counting as absent); `TypeError(error)`
+/// for another type.
+fn get_str(
+    d: &Bound<'_, PyDict>,
+    k: &Py<PyString>,
+    error: &'static str,
+) -> PyResult<Option<String>> {
+    let Some(v) = get(d, k)? else {
+        return Ok(None);
+    };
+    let s = v
+        .cast::<PyString>()
+        .map_err(|_| PyTypeError::new_err(error))?;
+    Ok(Some(s.to_str()?.to_owned()))
+}
+
+/// `message["headers"]` (`what`: the message, for errors), empty when
+/// absent.
+fn get_headers(d: &Bound<'_, PyDict>, what: &str) -> PyResult<HeaderMap> {
+    match get(d, &names(d.py()).headers)? {
+        Some(h) => parse_headers(&h, what),
+        None => Ok(HeaderMap::new()),
+    }
+}
+
 impl WebSocketProtocol {
     /// `websocket.send`: one message, behind the ones still waiting.
     pub(super) fn send_message<'py>(
@@ -96,21 +121,12 @@ impl WebSocketProtocol {
                 "the client left before the WebSocket was accepted",
             ));
         }
-        let subprotocol = match get(d, &n.subprotocol)? {
-            Some(p) => Some(
-                p.cast::<PyString>()
-                    .map_err(|_| {
-                        PyTypeError::new_err("websocket.accept 'subprotocol' must be a str or None")
-                    })?
-                    .to_str()?
-                    .to_owned(),
-            ),
-            None => None,
-        };
-        let headers = match get(d, &n.headers)? {
-            Some(h) => parse_headers(&h, "websocket.accept")?,
-            None => HeaderMap::new(),
-        };
+        let subprotocol = get_str(
+            d,
+            &n.subprotocol,
+            "websocket.accept 'subprotocol' must be a str or None",
+        )?;
+        let headers = get_headers(d, "websocket.accept")?;
         st.phase = Phase::Accepted;
         self.ws.decide(
             Decision::Accept {
@@ -148,14 +164,8 @@ impl WebSocketProtocol {
             }
             None => 1000,
         };
-        let reason = match get(d, &n.reason)? {
-            Some(r) => r
-                .cast::<PyString>()
-                .map_err(|_| PyTypeError::new_err("websocket.close 'reason' must be a str"))?
-                .to_str()?
-                .to_owned(),
-            None => String::new(),
-        };
+        let reason =
+            get_str(d, &n.reason, "websocket.close 'reason' must be a str")?.unwrap_or_default();
         if reason.len() > 123 {
             return Err(PyRuntimeError::new_err(
                 "websocket.close 'reason' is longer than 123 bytes (RFC 6455 §5.5)",
@@ -211,10 +221,7 @@ impl WebSocketProtocol {
         }
         const WHAT: &str = "websocket.http.response.start";
         let status = parse_status(get(d, &n.status)?, WHAT)?;
-        let headers = match get(d, &n.headers)? {
-            Some(h) => parse_headers(&h, WHAT)?,
-            None => HeaderMap::new(),
-        };
+        let headers = get_headers(d, WHAT)?;
         st.http_head = Some((status, headers));
         st.phase = Phase::Responding;
         self.ctx.done(py)
