@@ -8,8 +8,10 @@
 //!
 //! A new driver (HTTP/3 on quinn: `proto/h3/`) plugs in here: its own
 //! accept loop on a UDP socket, a `ConnCtx` per request stream, the same
-//! `http::service::handle` over a request body that implements
-//! `http_body::Body`, and an interim encoder of its own.
+//! [`dispatch::handle`] (so `http::service::handle`) over its own request
+//! body type (any `http::pump::RequestBody`: an `http_body::Body` of
+//! `Bytes` whose error converts to a boxed error; it gets its own
+//! monomorphised copy of the service), and an interim encoder of its own.
 
 pub(crate) mod dispatch;
 pub(crate) mod h1;
