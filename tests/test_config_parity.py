@@ -20,12 +20,14 @@ RUST_OPTIONS = [o for o in OPTIONS if o.rust]
 
 #: Keys that switch a group on: HTTP/2 settings show only with h2 served,
 #: TLS settings with a certfile, ``proxy_allow_ips`` with the PROXY protocol,
-#: ``compression_*`` with a coding. Rust only stores the certfile's path.
+#: ``compression_*`` with a coding, ``http3_port`` with HTTP/3. Rust only
+#: stores the certfile's path.
 GROUPS_ON: dict[str, Any] = {
     "http_protocols": "h2,h1",
     "ssl_certfile": "/nonexistent/cert.pem",
     "proxy_protocol": "auto",
     "compression": "gzip",
+    "http3": True,
 }
 
 #: A value other than the default, for options whose default is not a

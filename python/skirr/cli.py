@@ -59,9 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve HTTP/2 too: ALPN h2 on TLS, prior knowledge (h2c) on plain TCP"
         " (as --http-protocols h2,h1 --http2-cleartext prior-knowledge)",
     )
+    p.add_argument(
+        "--http3",
+        action="store_const",
+        const=True,
+        default=None,
+        help="serve HTTP/3 (QUIC) on UDP at the same port too; needs --ssl-certfile/--ssl-keyfile"
+        " (default off; env SKIRR_HTTP3=1)",
+    )
     p.add_argument("--version", action="version", version=f"skirr {__version__}")
     opts = p.add_argument_group("server options (each also set by SKIRR_<NAME>)")
     for o in config.OPTIONS:
+        if o.name == "http3":
+            continue  # a switch of its own above (--http3, no value)
         opts.add_argument(o.flag, dest=o.name, default=None, help=f"{o.help} (default {o.default!r}; env {o.env})")
     return p
 

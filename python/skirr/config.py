@@ -530,6 +530,18 @@ OPTIONS: tuple[Option, ...] = (
         _seconds,
         "an HTTP/2 PING unanswered for this long closes the connection (seconds)",
     ),
+    Option(
+        "http3",
+        False,
+        _bool,
+        "serve HTTP/3 (QUIC) on UDP beside each TCP listener (needs TLS: ssl_certfile/ssl_keyfile)",
+    ),
+    Option(
+        "http3_port",
+        0,
+        _int_range(0, 65535),
+        "UDP port of HTTP/3 (0: the port of each TCP listener)",
+    ),
     Option("ssl_certfile", None, _optional_str, "serve TLS with this PEM certificate chain", gunicorn="certfile"),
     Option(
         "ssl_keyfile", None, _optional_str, "the PEM private key (unencrypted) for ssl_certfile", gunicorn="keyfile"
@@ -703,9 +715,16 @@ def check_tls_files(values: Mapping[str, Any], names: Mapping[str, str] = FLAG_N
     this names the right file (a certfile without a keyfile must hold the
     key itself).
 
+    Also refuses ``http3`` without a certificate.
+
     Raises :class:`ConfigError` naming the option (``names``) and the file.
     """
     cert, key, ca = values.get("ssl_certfile"), values.get("ssl_keyfile"), values.get("ssl_ca_certs")
+    if values.get("http3") and not cert:
+        # QUIC has no cleartext mode (RFC 9001): HTTP/3 cannot start without a certificate.
+        raise ConfigError(
+            f"http3 needs TLS (QUIC is always encrypted): set {names['ssl_certfile']} and {names['ssl_keyfile']}"
+        )
     if not cert:
         for opt in ("ssl_keyfile", "ssl_ca_certs"):
             if values.get(opt):

@@ -151,6 +151,12 @@ impl Options {
         Ok(true)
     }
 
+    /// The HTTP/2 limits as read, whether or not HTTP/2 is served (HTTP/3
+    /// takes its stream and field limits from them).
+    pub(super) fn limits(&self) -> &Http2 {
+        &self.h2
+    }
+
     /// The settings when `http_protocols` names `h2`, else `None`.
     pub(super) fn finish(self) -> Option<Http2> {
         let (h1_on, h2_on, h2_first) = self.protocols;

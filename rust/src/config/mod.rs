@@ -1,5 +1,6 @@
 //! Server configuration as the Rust core sees it, and the data types of
-//! every option group ([`tls`], [`compression`], [`http2`], [`proxy`]): the
+//! every option group ([`tls`], [`compression`], [`http2`], [`http3`],
+//! [`proxy`]): the
 //! modules that act on them import them from here, and this module imports
 //! only `wire/` (and errors).
 //!
@@ -15,6 +16,7 @@
 
 pub mod compression;
 pub mod http2;
+pub mod http3;
 pub mod proxy;
 pub mod tls;
 
@@ -26,6 +28,7 @@ use pyo3::types::PyDict;
 
 pub use self::compression::{Coding, Compression};
 pub use self::http2::Http2;
+pub use self::http3::Http3;
 pub use self::proxy::ProxyProtocol;
 pub use self::tls::{ClientAuth, TlsSettings};
 use crate::wire::proxy::ProxyConfig;
@@ -190,6 +193,9 @@ pub struct Config {
     pub proxy_protocol: Option<ProxyProtocol>,
     /// HTTP/2 (see [`Http2`]); `None` (the default) serves HTTP/1.1 only.
     pub http2: Option<Http2>,
+    /// HTTP/3 on UDP beside each TCP listener (see [`Http3`]); `None` (the
+    /// default): off.
+    pub http3: Option<Http3>,
     /// The shared metrics table (a memfd made by `skirr._skirr.metrics_table`
     /// before fork); `None` (the default) records nothing.
     pub metrics_table_fd: Option<i32>,
@@ -265,6 +271,7 @@ impl Default for Config {
             compression: None,
             proxy_protocol: None,
             http2: None,
+            http3: None,
             metrics_table_fd: None,
             metrics_fd: None,
         }
@@ -310,6 +317,7 @@ impl Config {
         let mut proxy = proxy::Options::default();
         let mut tls = tls::Options::default();
         let mut h2 = http2::Options::default();
+        let mut h3 = http3::Options::default();
         let mut compression = compression::Options::default();
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
@@ -318,6 +326,7 @@ impl Config {
                 || proxy.set(key, &v)?
                 || tls.set(key, &v)?
                 || h2.set(key, &v)?
+                || h3.set(key, &v)?
                 || compression.set(key, &v)?;
             if !known {
                 return Err(PyValueError::new_err(format!(
@@ -334,6 +343,7 @@ impl Config {
         }
         c.compression = compression.finish();
         (c.proxy, c.proxy_protocol) = proxy.finish()?;
+        c.http3 = h3.finish(h2.limits());
         c.http2 = h2.finish();
         c.tls = tls.finish(c.http2.as_ref());
         Ok(c)

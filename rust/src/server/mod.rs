@@ -64,6 +64,13 @@ impl Server {
         reopen_logs: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let config = Config::from_dict(config)?;
+        if config.http3.is_some() && config.tls.is_none() {
+            // Python refuses this first (`check_tls_files`); a `Server` built
+            // by hand gets the same line.
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "http3 needs TLS (QUIC is always encrypted): set ssl_certfile and ssl_keyfile",
+            ));
+        }
         let tls = match &config.tls {
             Some(t) => Some(tls::acceptor(t).map_err(pyo3::exceptions::PyValueError::new_err)?),
             None => None,
