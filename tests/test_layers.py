@@ -233,3 +233,18 @@ def test_wire_protocol_drivers_do_not_use_each_other():
             ):
                 bad.append(f"{a} -> {b}")
     assert not bad, f"drivers that use another driver: {bad}"
+
+
+def test_every_driver_folder_is_checked():
+    """A new folder under proto/ is a driver: it must be in DRIVERS."""
+    folders = {p.name for p in (SRC / "proto").iterdir() if p.is_dir()}
+    assert folders == set(DRIVERS), f"proto/ folders {sorted(folders)} vs DRIVERS {sorted(DRIVERS)}"
+
+
+def test_http3_driver_stands_on_quinn_alone():
+    """proto/h3 uses neither another driver (above) nor hyper, the HTTP/1.1
+    and HTTP/2 drivers' machinery."""
+    files = sorted((SRC / "proto" / "h3").rglob("*.rs"))
+    assert files, "proto/h3 is missing"
+    hyper = [str(f.relative_to(SRC)) for f in files if re.search(r"\bhyper(_util)?::", strip_comments(f.read_text()))]
+    assert not hyper, f"proto/h3 files that use hyper: {hyper}"

@@ -69,7 +69,7 @@ def access_logger(log: logging.Logger):
             client_str(scope),
             scope["method"],
             target,
-            "2.0" if scope["http_version"] == "2" else scope["http_version"],
+            scope["http_version"] + ".0" if scope["http_version"] in ("2", "3") else scope["http_version"],
             status,
             size,
             seconds * 1000.0,

@@ -96,7 +96,7 @@ def environ(scope: dict[str, Any], req_headers: list[tuple[str, str]]) -> dict[s
 
 
 def _wire_version(v: str) -> str:
-    return "2.0" if v == "2" else v
+    return v + ".0" if v in ("2", "3") else v
 
 
 class HookRequest:

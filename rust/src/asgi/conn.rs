@@ -6,6 +6,7 @@
 //! holds one of these.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use pyo3::prelude::*;
@@ -24,8 +25,9 @@ pub(crate) enum LocalAddr {
 pub struct TlsInfo {
     /// e.g. `0x0304` for TLS 1.3.
     pub version: u16,
-    /// The negotiated suite's IANA number.
-    pub cipher_suite: u16,
+    /// The negotiated suite's IANA number (`None`: not known, as on
+    /// HTTP/3, where quinn does not report it).
+    pub cipher_suite: Option<u16>,
     /// The client's certificate chain as PEM, leaf first (empty without
     /// client authentication).
     pub client_cert_chain: Vec<String>,
@@ -43,6 +45,41 @@ pub(crate) struct ListenerInfo {
     pub(crate) app: Arc<AppContext>,
     /// `scope["server"]`, built once on the asyncio thread.
     pub(crate) py_server: OnceLock<Py<PyAny>>,
+    /// A TCP listener's HTTP/3 twin on UDP, announced in its responses;
+    /// `None` without HTTP/3 (and on the UDP listener itself).
+    pub(crate) alt_svc: Option<Arc<AltSvc>>,
+}
+
+/// The `Alt-Svc` field (RFC 7838) a TCP listener adds to its responses
+/// while its HTTP/3 endpoint accepts connections.
+pub(crate) struct AltSvc {
+    value: http::HeaderValue,
+    on: AtomicBool,
+}
+
+impl AltSvc {
+    /// `h3=":PORT"; ma=86400`, off until [`AltSvc::set`].
+    pub(crate) fn new(port: u16) -> Self {
+        let value = http::HeaderValue::from_str(&format!("h3=\":{port}\"; ma=86400"))
+            .unwrap_or_else(|_| http::HeaderValue::from_static("clear"));
+        AltSvc {
+            value,
+            on: AtomicBool::new(false),
+        }
+    }
+
+    /// The UDP endpoint accepts (true) or no longer does (false).
+    pub(crate) fn set(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    /// Adds the field to a response's `headers` while HTTP/3 is on, unless
+    /// the app sent its own `alt-svc`.
+    pub(crate) fn add_to(&self, headers: &mut http::HeaderMap) {
+        if self.on.load(Ordering::Relaxed) && !headers.contains_key(http::header::ALT_SVC) {
+            headers.insert(http::header::ALT_SVC, self.value.clone());
+        }
+    }
 }
 
 /// A connection's scope facts, shared by its requests (and, on HTTP/2,

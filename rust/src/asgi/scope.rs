@@ -119,6 +119,7 @@ fn fill_common(
     let version = match p.version {
         Version::HTTP_10 => Some(&n.v1_0),
         Version::HTTP_2 => Some(&n.v2),
+        Version::HTTP_3 => Some(&n.v3),
         _ => None,
     };
     if let Some(v) = version {

@@ -52,6 +52,7 @@ names! {
     v1_0 = "1.0",
     v1_1 = "1.1",
     v2 = "2",
+    v3 = "3",
     // message keys
     status = "status",
     trailers = "trailers",

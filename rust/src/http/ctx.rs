@@ -105,6 +105,24 @@ impl ConnCtx {
         }
     }
 
+    /// The context of one HTTP/3 request stream (`proto::h3`): the
+    /// connection's facts (shared), its own [`Activity`]; no interim
+    /// responses and no slot under the connection limit (the connection
+    /// holds it).
+    pub(crate) fn for_request(&self) -> ConnCtx {
+        ConnCtx {
+            shared: Arc::clone(&self.shared),
+            info: Arc::clone(&self.info),
+            activity: Activity::new(),
+            _permit: None,
+            upgrade: Mutex::new(None),
+            eof_waker: Mutex::new(None),
+            eof_probe: Mutex::new(None),
+            interim: Arc::clone(&self.interim),
+            h2_stream: None,
+        }
+    }
+
     /// The context of one HTTP/2 stream: the connection's facts (shared),
     /// its own [`Activity`] (the stream's deadlines). The connection's slot
     /// under the limit stays with the connection.

@@ -62,8 +62,10 @@ impl Drop for GoneGuard<'_> {
 /// HTTP/2 hyper reads the body without waiting for a `100`, and Skirr's own
 /// HTTP/2 interim path carries only what the app sends, so an HTTP/2 body
 /// is read as if no `Expect` came: the client sends it after its wait.
+/// HTTP/3 sends no interim responses yet: the same.
 fn continue_wanted(parts: &http::request::Parts) -> bool {
-    parts.version != http::Version::HTTP_2 && expects_continue(parts)
+    !matches!(parts.version, http::Version::HTTP_2 | http::Version::HTTP_3)
+        && expects_continue(parts)
 }
 
 fn expects_continue(parts: &http::request::Parts) -> bool {
@@ -216,9 +218,11 @@ fn admit<B>(req: Request<B>, conn: Arc<ConnCtx>, mut busy: BusyGuard) -> Admissi
     busy.meter(req.method(), req.version());
     shared.count_request();
     let (mut parts, body) = req.into_parts();
-    if parts.version == http::Version::HTTP_2 {
+    if matches!(parts.version, http::Version::HTTP_2 | http::Version::HTTP_3) {
+        // HTTP/3 fields follow the HTTP/2 rules (RFC 9114 §4.3.1, §4.2.1).
         h2_fields(&mut parts);
-        // hyper's HTTP/1.1 parser counts fields; on HTTP/2 it is done here.
+        // hyper's HTTP/1.1 parser counts fields; on HTTP/2 and HTTP/3 it
+        // is done here.
         let most = shared.config.limit_request_fields;
         if most > 0 && parts.headers.len() > most {
             return Admission::Answered(answer(
@@ -565,6 +569,9 @@ fn finish<B: RequestBody>(
     let mut resp = Response::new(body);
     set_status(&mut resp, head.status);
     *resp.headers_mut() = head.headers;
+    if let Some(alt) = &conn.info.listener.alt_svc {
+        alt.add_to(resp.headers_mut());
+    }
     if conn.shared.config.server_timing {
         server_timing(resp.headers_mut(), times.0, times.1);
     }

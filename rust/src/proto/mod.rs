@@ -1,21 +1,22 @@
 //! The wire-protocol drivers, one folder each: [`h1`] (HTTP/1.1 on hyper),
-//! [`h2`] (HTTP/2 on hyper, with Skirr's own frame scanner), [`ws`] (the
+//! [`h2`] (HTTP/2 on hyper, with Skirr's own frame scanner), [`h3`]
+//! (HTTP/3 on quinn, its own UDP accept loop), [`ws`] (the
 //! WebSocket driver, over an HTTP/1.1 upgrade or an RFC 8441 stream). None
 //! imports another: this module picks the protocol of a new connection
 //! and hands a WebSocket the app accepted to [`ws`]. Each driver builds
 //! the [`ConnCtx`] its requests carry and calls the protocol-neutral
 //! service (`http::service`), which queues them for the ASGI side.
 //!
-//! A new driver (HTTP/3 on quinn: `proto/h3/`) plugs in here: its own
-//! accept loop on a UDP socket, a `ConnCtx` per request stream, the same
-//! [`dispatch::handle`] (so `http::service::handle`) over its own request
-//! body type (any `http::pump::RequestBody`: an `http_body::Body` of
-//! `Bytes` whose error converts to a boxed error; it gets its own
-//! monomorphised copy of the service), and an interim encoder of its own.
+//! HTTP/3 (`h3/`) plugs in beside them: its own accept loop on a UDP socket
+//! (started by `server::run`), a `ConnCtx` per request stream, the same
+//! `dispatch::handle` over a request body that implements
+//! `http_body::Body` (any `http::pump::RequestBody`: it gets its own
+//! monomorphised copy of the service).
 
 pub(crate) mod dispatch;
 pub(crate) mod h1;
 pub(crate) mod h2;
+pub(crate) mod h3;
 pub(crate) mod ws;
 
 use std::net::SocketAddr;

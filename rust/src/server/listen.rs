@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::asgi::conn::{ListenerInfo, LocalAddr};
+use crate::asgi::conn::{AltSvc, ListenerInfo, LocalAddr};
 use crate::asgi::context::AppContext;
 use crate::proto::{self, Builders};
 use crate::server::accept;
@@ -56,7 +56,8 @@ impl StdListener {
         Ok(l)
     }
 
-    fn local(&self) -> io::Result<LocalAddr> {
+    /// Where it is bound.
+    pub(crate) fn local(&self) -> io::Result<LocalAddr> {
         Ok(match self {
             StdListener::Tcp(t) => LocalAddr::Tcp(t.local_addr()?),
             StdListener::Unix(u) => LocalAddr::Unix(
@@ -88,7 +89,8 @@ fn is_fd_exhaustion(e: &io::Error) -> bool {
     )
 }
 
-/// Accepts connections until `stop` is cancelled.
+/// Accepts connections until `stop` is cancelled; `alt_svc`: the
+/// listener's HTTP/3 twin, announced in its responses.
 ///
 /// With a connection limit, accepting waits for a free slot, so excess
 /// clients wait in the kernel backlog. When descriptors run out, accepting
@@ -98,11 +100,13 @@ pub(crate) async fn accept_loop(
     shared: Arc<Worker>,
     control: ConnControl,
     stop: CancellationToken,
+    alt_svc: Option<Arc<AltSvc>>,
 ) -> io::Result<()> {
     let info = Arc::new(ListenerInfo {
         local: listener.local()?,
         app: Arc::clone(&control.app),
         py_server: OnceLock::new(),
+        alt_svc,
     });
     enum L {
         Tcp(TcpListener),

@@ -30,12 +30,29 @@ use crate::worker::{Stop, Worker};
 /// [`Server::drain`] as the loop's reader for [`Server::event_fd`], starts
 /// the loop in its own thread, then calls [`Server::serve`] on the main
 /// thread, which blocks (without the GIL) until the server stops.
+/// HTTP/3's TLS: the worker's certificate for QUIC (see `proto::h3`).
+///
+/// Errors: `ValueError` with one line, as for the TCP listeners' TLS, or
+/// when the suites leave QUIC none it can start with.
+fn quic_setup(t: &crate::config::TlsSettings) -> PyResult<crate::proto::h3::Setup> {
+    let bad = |e: String| pyo3::exceptions::PyValueError::new_err(e);
+    let config = tls::quic_config(t).map_err(bad)?;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(config)
+        .map_err(|e| bad(format!("http3: the TLS settings do not suit QUIC: {e}")))?;
+    Ok(crate::proto::h3::Setup {
+        crypto: Arc::new(crypto),
+        tls_facts: tls::quic_info,
+    })
+}
+
 #[pyclass(frozen, module = "skirr._skirr")]
 pub struct Server {
     shared: Arc<Worker>,
     ctx: Arc<AppContext>,
     scratch: Mutex<Vec<Event>>,
     log_threshold: u8,
+    /// HTTP/3's QUIC TLS configuration, when `http3` is on.
+    h3: Option<Arc<crate::proto::h3::Setup>>,
 }
 
 #[pymethods]
@@ -71,6 +88,10 @@ impl Server {
                 "http3 needs TLS (QUIC is always encrypted): set ssl_certfile and ssl_keyfile",
             ));
         }
+        let h3 = match (&config.http3, &config.tls) {
+            (Some(_), Some(t)) => Some(Arc::new(quic_setup(t)?)),
+            _ => None,
+        };
         let tls = match &config.tls {
             Some(t) => Some(tls::acceptor(t).map_err(pyo3::exceptions::PyValueError::new_err)?),
             None => None,
@@ -98,6 +119,7 @@ impl Server {
             ctx: Arc::new(ctx),
             scratch: Mutex::new(Vec::with_capacity(256)),
             log_threshold,
+            h3,
         })
     }
 
@@ -208,7 +230,8 @@ impl Server {
             .collect::<std::io::Result<Vec<_>>>()?;
         logging::install(&self.shared.queue, self.log_threshold);
         let app = Arc::clone(&self.ctx);
-        let res = py.detach(move || runtime::run(app, listeners));
+        let h3 = self.h3.clone();
+        let res = py.detach(move || runtime::run(app, listeners, h3));
         logging::uninstall();
         // Make sure the final drain (scheduled by the caller) sees them.
         self.shared.queue.flush();

@@ -11,10 +11,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::asgi::conn::{AltSvc, LocalAddr};
 use crate::asgi::context::AppContext;
 use crate::asgi::lifespan;
 use crate::bridge::queue::Event;
-use crate::proto::Builders;
+use crate::proto::{self, Builders};
 use crate::server::listen::{accept_loop, ConnControl, StdListener};
 use crate::worker::connections::Order;
 use crate::worker::{signals, Stop, Worker};
@@ -143,24 +144,82 @@ fn watch_parent(shared: Arc<Worker>, ppid: u32) {
     });
 }
 
+/// The worker's listeners: the inherited TCP and Unix ones (with their
+/// `Alt-Svc`, if HTTP/3 is on), and the UDP endpoints it bound itself.
+struct Bound {
+    stream: Vec<(StdListener, Option<Arc<AltSvc>>)>,
+    quic: Vec<(quinn::Endpoint, Arc<AltSvc>)>,
+}
+
+/// Binds an HTTP/3 endpoint beside each TCP listener when `h3` is set
+/// (after fork: each worker its own UDP socket, see `proto::h3`).
+///
+/// Errors: a UDP socket that cannot be bound (a boot error).
+fn bind(
+    listeners: Vec<StdListener>,
+    h3: Option<&proto::h3::Setup>,
+    cfg: &crate::config::Config,
+) -> io::Result<Bound> {
+    let mut bound = Bound {
+        stream: Vec::with_capacity(listeners.len()),
+        quic: Vec::new(),
+    };
+    for l in listeners {
+        let alt = match (h3, l.local()?) {
+            (Some(setup), LocalAddr::Tcp(addr)) => {
+                let endpoint = proto::h3::bind(addr, setup, cfg)?;
+                let alt = Arc::new(AltSvc::new(endpoint.local_addr()?.port()));
+                bound.quic.push((endpoint, Arc::clone(&alt)));
+                Some(alt)
+            }
+            _ => None,
+        };
+        bound.stream.push((l, alt));
+    }
+    Ok(bound)
+}
+
 fn spawn_acceptors(
-    listeners: Option<Vec<StdListener>>,
+    bound: Option<Bound>,
     shared: &Arc<Worker>,
     control: &ConnControl,
     stop: &CancellationToken,
+    h3: Option<&Arc<proto::h3::Setup>>,
 ) -> Vec<tokio::task::JoinHandle<io::Result<()>>> {
-    listeners
+    let Some(bound) = bound else {
+        return Vec::new();
+    };
+    let mut tasks: Vec<_> = bound
+        .stream
         .into_iter()
-        .flatten()
-        .map(|l| {
+        .map(|(l, alt)| {
             tokio::spawn(accept_loop(
                 l,
                 Arc::clone(shared),
                 control.clone(),
                 stop.clone(),
+                alt,
             ))
         })
-        .collect()
+        .collect();
+    if let Some(setup) = h3 {
+        for (endpoint, alt) in bound.quic {
+            let serve = proto::h3::serve(
+                (endpoint, alt),
+                Arc::clone(shared),
+                Arc::clone(&control.app),
+                Arc::clone(setup),
+                control.tracker.clone(),
+                control.limit.clone(),
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                serve.await;
+                Ok(())
+            }));
+        }
+    }
+    tasks
 }
 
 /// `drain_delay` (issue 19): on SIGTERM, the health path already answers
@@ -186,7 +245,11 @@ async fn drain_delay(
 }
 
 /// Serves until a stop is requested; see the module docs.
-pub(crate) async fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+pub(crate) async fn run(
+    app: Arc<AppContext>,
+    listeners: Vec<StdListener>,
+    h3: Option<Arc<proto::h3::Setup>>,
+) -> Result<(), RunError> {
     let shared = Arc::clone(&app.shared);
     tokio::spawn(Arc::clone(&shared.wakeups).dispatch());
     watch_signals(Arc::clone(&shared))?;
@@ -211,11 +274,17 @@ pub(crate) async fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Re
     };
     let stop_accept = CancellationToken::new();
     let mut acceptors = Vec::new();
-    let mut listeners = Some(listeners);
+    let mut listeners = Some(bind(listeners, h3.as_deref(), cfg)?);
     // With a health path, accepting starts before lifespan startup, so the
     // path can say "starting" (other requests wait for startup).
     if shared.health.enabled() {
-        acceptors = spawn_acceptors(listeners.take(), &shared, &control, &stop_accept);
+        acceptors = spawn_acceptors(
+            listeners.take(),
+            &shared,
+            &control,
+            &stop_accept,
+            h3.as_ref(),
+        );
     }
 
     let started = tokio::select! {
@@ -241,6 +310,7 @@ pub(crate) async fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Re
         &shared,
         &control,
         &stop_accept,
+        h3.as_ref(),
     ));
     crate::worker::recycle::spawn(&shared);
 

@@ -38,11 +38,15 @@ fn build(shared: &Arc<Worker>) -> io::Result<Runtime> {
 }
 
 /// Builds the runtime and serves until the server stops.
-pub(crate) fn run(app: Arc<AppContext>, listeners: Vec<StdListener>) -> Result<(), RunError> {
+pub(crate) fn run(
+    app: Arc<AppContext>,
+    listeners: Vec<StdListener>,
+    h3: Option<Arc<crate::proto::h3::Setup>>,
+) -> Result<(), RunError> {
     let shared = &app.shared;
     let rt = build(shared)?;
     shared.signals.attach(rt.handle().clone());
-    let res = rt.block_on(run::run(Arc::clone(&app), listeners));
+    let res = rt.block_on(run::run(Arc::clone(&app), listeners, h3));
     rt.shutdown_timeout(Duration::from_millis(100));
     res
 }

@@ -132,6 +132,22 @@ fn key(path: &str) -> Result<PrivateKeyDer<'static>, String> {
 /// certificate, an unknown cipher or version, `cert_reqs` without
 /// `ca_certs`).
 pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
+    let (config, server_pem) = server_config(s, false)?;
+    Ok((TlsAcceptor::from(Arc::new(config)), server_pem))
+}
+
+/// The rustls configuration of the HTTP/3 endpoint: the same certificate,
+/// client authentication and suites as the TCP listeners', TLS 1.3 only
+/// (RFC 9001 §4.2), ALPN `h3`.
+///
+/// Errors: as [`acceptor`], and settings that leave no TLS 1.3 suite.
+pub fn quic_config(s: &TlsSettings) -> Result<ServerConfig, String> {
+    Ok(server_config(s, true)?.0)
+}
+
+/// The server configuration and the PEM of its certificate; `quic`: for
+/// the HTTP/3 endpoint (see [`quic_config`]).
+fn server_config(s: &TlsSettings, quic: bool) -> Result<(ServerConfig, String), String> {
     let mut suites = provider::DEFAULT_CIPHER_SUITES.to_vec();
     if let Some(list) = &s.ciphers {
         suites = pick_suites(list)?;
@@ -150,6 +166,12 @@ pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
     }
     if versions.is_empty() {
         versions = vec![&rustls::version::TLS12, &rustls::version::TLS13];
+    }
+    if quic {
+        versions.retain(|v| v.version == rustls::ProtocolVersion::TLSv1_3);
+        if versions.is_empty() {
+            return Err("http3 needs TLS 1.3 (QUIC), which ssl_version rules out".into());
+        }
     }
     // Keep only versions some chosen suite can serve.
     versions.retain(|v| suites.iter().any(|s| s.version().version == v.version));
@@ -185,12 +207,14 @@ pub fn acceptor(s: &TlsSettings) -> Result<(TlsAcceptor, String), String> {
     let mut config = builder
         .with_single_cert(chain, key(&s.keyfile)?)
         .map_err(|e| format!("certfile/keyfile: {e}"))?;
-    config.alpn_protocols = if s.alpn.is_empty() {
+    config.alpn_protocols = if quic {
+        vec![b"h3".to_vec()]
+    } else if s.alpn.is_empty() {
         vec![b"http/1.1".to_vec()]
     } else {
         s.alpn.clone()
     };
-    Ok((TlsAcceptor::from(Arc::new(config)), server_pem))
+    Ok((config, server_pem))
 }
 
 /// Runs the TLS handshake of an accepted connection. `None` (logged at
@@ -270,6 +294,22 @@ fn client_cert_refusal(e: &std::io::Error) -> Option<String> {
     }
 }
 
+/// The `tls` extension's facts of an HTTP/3 connection (TLS 1.3; the
+/// suite is not known), from the client's certificate chain, if any.
+pub fn quic_info(chain: Option<&[CertificateDer<'static>]>) -> TlsInfo {
+    TlsInfo {
+        version: u16::from(rustls::ProtocolVersion::TLSv1_3),
+        cipher_suite: None,
+        client_cert_chain: chain
+            .map(|c| c.iter().map(|d| pem(d)).collect())
+            .unwrap_or_default(),
+        client_cert_name: chain
+            .and_then(|c| c.first())
+            .and_then(|leaf| crate::server::cert_name::subject_rfc4514(leaf)),
+        h2: false,
+    }
+}
+
 /// PEM text of a DER certificate.
 pub fn pem(der: &[u8]) -> String {
     use base64::Engine;
@@ -287,9 +327,7 @@ pub fn pem(der: &[u8]) -> String {
 pub fn info(conn: &rustls::ServerConnection) -> TlsInfo {
     TlsInfo {
         version: conn.protocol_version().map_or(0, u16::from),
-        cipher_suite: conn
-            .negotiated_cipher_suite()
-            .map_or(0, |s| u16::from(s.suite())),
+        cipher_suite: conn.negotiated_cipher_suite().map(|s| u16::from(s.suite())),
         client_cert_chain: conn
             .peer_certificates()
             .map(|c| c.iter().map(|d| pem(d)).collect())

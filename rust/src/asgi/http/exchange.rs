@@ -150,7 +150,7 @@ impl TrailersWanted {
             });
         match (asked, version) {
             (false, _) => Self::No,
-            (true, http::Version::HTTP_2) => Self::Yes,
+            (true, http::Version::HTTP_2 | http::Version::HTTP_3) => Self::Yes,
             (true, _) => Self::Named,
         }
     }

@@ -1,0 +1,296 @@
+//! An HTTP/3 request stream's two halves as the shared service sees them:
+//! the receiving half as an `http_body::Body` ([`H3Body`]), and the
+//! response written from a [`ResponseBody`] onto the sending half
+//! ([`respond`]), frame by frame as QUIC flow control allows.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use ::h3::server::RequestStream;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderMap, Response};
+use http_body::{Body, Frame, SizeHint};
+
+use crate::http::body::ResponseBody;
+
+/// The receiving half of a request stream.
+pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+/// The sending half of a request stream.
+pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// Why a request body failed: the stream's own error, or a body that does
+/// not match its `content-length` (a malformed request, RFC 9114 §4.1.2).
+#[derive(Debug)]
+pub(crate) enum BodyError {
+    Stream(::h3::error::StreamError),
+    Length,
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Stream(e) => write!(f, "HTTP/3 request stream: {e}"),
+            BodyError::Length => f.write_str("HTTP/3 request body does not match content-length"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// Most request-body bytes handed to the service in one frame.
+const COALESCE: usize = 64 * 1024;
+
+/// Where the body is: DATA frames, then trailers, then done.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Data,
+    Trailers,
+    Done,
+}
+
+/// A request body read from the receiving half of its stream. An error
+/// (the client reset the stream, the connection closed) reaches the
+/// service, which tells the app `http.disconnect`.
+pub(crate) struct H3Body {
+    recv: RecvHalf,
+    stage: Stage,
+    /// The declared `content-length`, if any.
+    declared: Option<u64>,
+    /// Bytes read so far.
+    seen: u64,
+    /// A chunk read by [`H3Body::prime`], handed out first.
+    first: Option<Bytes>,
+    /// An error met after data that was handed out first.
+    error: Option<BodyError>,
+}
+
+impl H3Body {
+    /// The body of a request whose head declared `declared` bytes.
+    pub(crate) fn new(recv: RecvHalf, declared: Option<u64>) -> Self {
+        H3Body {
+            recv,
+            stage: Stage::Data,
+            declared,
+            seen: 0,
+            first: None,
+            error: None,
+        }
+    }
+
+    /// Polls the stream once, so that a request whose stream already ended
+    /// (a GET: HEADERS and FIN in one packet) reaches the service as
+    /// bodyless, with no body to pump.
+    pub(crate) async fn prime(&mut self) {
+        poll_fn(|cx| {
+            if self.declared == Some(0) {
+                // Nothing may follow but trailers; read them as usual.
+                self.stage = Stage::Trailers;
+            }
+            if self.stage == Stage::Data {
+                match self.recv.poll_recv_data(cx) {
+                    Poll::Ready(Ok(Some(mut buf))) => {
+                        let data = buf.copy_to_bytes(buf.remaining());
+                        self.seen += data.len() as u64;
+                        self.first = Some(data);
+                    }
+                    Poll::Ready(Ok(None)) => self.stage = Stage::Trailers,
+                    // Reported on the service's first poll.
+                    Poll::Ready(Err(_)) | Poll::Pending => {}
+                }
+            }
+            if self.stage == Stage::Trailers && self.first.is_none() {
+                if let Poll::Ready(Ok(None)) = self.recv.poll_recv_trailers(cx) {
+                    self.stage = Stage::Done;
+                }
+            }
+            Poll::Ready(())
+        })
+        .await
+    }
+
+    /// The next DATA: every chunk QUIC already holds for the stream, up to
+    /// [`COALESCE`] bytes, as one frame (a QUIC packet carries ~1.2 KB:
+    /// one `http.request` message each would cost the app a message per
+    /// packet).
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let mut first: Option<Bytes> = None;
+        let mut more: Option<BytesMut> = None;
+        let mut got = 0usize;
+        while got < COALESCE {
+            match self.recv.poll_recv_data(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(Some(mut buf))) => {
+                    let n = buf.remaining();
+                    got += n;
+                    match (&first, &mut more) {
+                        (None, _) => first = Some(buf.copy_to_bytes(n)),
+                        (Some(f), None) => {
+                            let mut m = BytesMut::with_capacity(COALESCE.max(f.len() + n));
+                            m.extend_from_slice(f);
+                            m.put(buf);
+                            more = Some(m);
+                        }
+                        (Some(_), Some(m)) => m.put(buf),
+                    }
+                }
+                Poll::Ready(Ok(None)) => {
+                    self.stage = Stage::Trailers;
+                    break;
+                }
+                Poll::Ready(Err(e)) => {
+                    self.stage = Stage::Done;
+                    self.error = Some(BodyError::Stream(e));
+                    break;
+                }
+            }
+        }
+        self.seen += got as u64;
+        if self.declared.is_some_and(|d| self.seen > d)
+            || (self.stage == Stage::Trailers && self.declared.is_some_and(|d| self.seen != d))
+        {
+            self.stage = Stage::Done;
+            self.error = Some(BodyError::Length);
+        }
+        let data = match more {
+            Some(m) => Some(m.freeze()),
+            None => first,
+        };
+        if let Some(data) = data {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(e) = self.error.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        match self.stage {
+            Stage::Trailers => self.poll_trailers(cx),
+            _ => Poll::Pending,
+        }
+    }
+
+    fn poll_trailers(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.recv.poll_recv_trailers(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(t)) => {
+                self.stage = Stage::Done;
+                Poll::Ready(t.map(|t| Ok(Frame::trailers(t))))
+            }
+            Poll::Ready(Err(e)) => {
+                self.stage = Stage::Done;
+                Poll::Ready(Some(Err(BodyError::Stream(e))))
+            }
+        }
+    }
+}
+
+impl Body for H3Body {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(e) = this.error.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        match this.stage {
+            Stage::Data => this.poll_data(cx),
+            Stage::Trailers => this.poll_trailers(cx),
+            Stage::Done => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.stage == Stage::Done && self.first.is_none() && self.error.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.declared {
+            Some(d) => SizeHint::with_exact(d.saturating_sub(self.seen) + self.pending()),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+impl H3Body {
+    /// Bytes read by [`H3Body::prime`] and not handed out yet.
+    fn pending(&self) -> u64 {
+        self.first.as_ref().map_or(0, |d| d.len() as u64)
+    }
+}
+
+/// Fields that name a connection's own handling, which HTTP/3 does not
+/// carry (RFC 9114 §4.2): dropped from the app's response.
+const CONNECTION_FIELDS: [&str; 5] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The response head as HTTP/3 sends it: connection-specific fields
+/// dropped, `date` added when the app sent none (as hyper does on
+/// HTTP/1.1 and HTTP/2).
+fn h3_head(headers: &mut HeaderMap) {
+    for name in CONNECTION_FIELDS {
+        headers.remove(name);
+    }
+    if !headers.contains_key(http::header::DATE) {
+        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+        if let Ok(v) = http::HeaderValue::from_str(&now) {
+            headers.insert(http::header::DATE, v);
+        }
+    }
+}
+
+/// Writes `resp` on `send`: HEADERS, then each DATA frame as QUIC flow
+/// control lets it go (the body is polled only when the previous frame
+/// was taken: backpressure reaches the app through the exchange), then
+/// trailers, if any, and the end of the stream. A body that fails (the
+/// app raised mid-stream) resets the stream, so the response cannot look
+/// complete.
+///
+/// Errors: the stream's, when the client stopped reading it
+/// (STOP_SENDING) or the connection closed; dropping `resp`'s body then
+/// tells the app `http.disconnect`.
+pub(crate) async fn respond(
+    send: &mut SendHalf,
+    resp: Response<ResponseBody>,
+) -> Result<(), ::h3::error::StreamError> {
+    let (mut parts, mut body) = resp.into_parts();
+    h3_head(&mut parts.headers);
+    send.send_response(Response::from_parts(parts, ())).await?;
+    loop {
+        let frame = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        match frame {
+            None => break,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    if !data.is_empty() {
+                        send.send_data(data).await?;
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        send.send_trailers(trailers).await?;
+                        break;
+                    }
+                }
+            },
+            Some(Err(_)) => {
+                send.stop_stream(::h3::error::Code::H3_INTERNAL_ERROR);
+                return Ok(());
+            }
+        }
+    }
+    send.finish().await
+}

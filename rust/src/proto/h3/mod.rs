@@ -1,0 +1,397 @@
+//! The HTTP/3 driver (RFC 9114) on `h3` + `h3-quinn` + `quinn`.
+//!
+//! Each worker binds its own UDP socket beside each TCP listener (same
+//! address; the port of the listener or `http3_port`) with `SO_REUSEPORT`,
+//! so that Gunicorn's workers share the port as they share the TCP one;
+//! the kernel spreads connections by address hash. A quinn endpoint on it
+//! accepts QUIC connections (TLS 1.3, ALPN `h3`, the worker's certificate);
+//! each request stream gets its own [`ConnCtx`] and goes through
+//! [`dispatch`](super::dispatch) like an HTTP/2 stream: its receiving half
+//! is the request body ([`body::H3Body`]), the response is written on its
+//! sending half ([`body::respond`]).
+//!
+//! Limits: `http2_max_concurrent_streams` bidirectional streams per
+//! connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
+//! `max_connections` QUIC connections (more are refused). A connection with
+//! no request for `keepalive_timeout` is closed (GOAWAY, then
+//! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
+//! with the server's PINGs at a third of it) drops a client that vanished.
+//! Drain: GOAWAY, the open streams finish, then the connection closes.
+//! Not yet: interim responses (dropped, as on HTTP/1.0), per-stream body
+//! and send deadlines, WebSockets (RFC 9220).
+
+pub(crate) mod body;
+pub(crate) mod cid;
+
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rustls::pki_types::CertificateDer;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::asgi::conn::{AltSvc, ListenerInfo, LocalAddr, TlsInfo};
+use crate::asgi::context::AppContext;
+use crate::http::ctx::{ConnCtx, DRAIN_IDLE};
+use crate::worker::clock::clock_ms;
+use crate::worker::connections::{Member, Order};
+use crate::worker::Worker;
+
+use self::body::{H3Body, SendHalf};
+
+/// What the composition root (`server`) hands the driver: the QUIC TLS
+/// configuration and how to read a connection's TLS facts.
+pub(crate) struct Setup {
+    /// rustls for QUIC: TLS 1.3, ALPN `h3`.
+    pub(crate) crypto: Arc<quinn::crypto::rustls::QuicServerConfig>,
+    /// The `tls` extension's facts from the client's certificate chain.
+    pub(crate) tls_facts: fn(Option<&[CertificateDer<'static>]>) -> TlsInfo,
+}
+
+/// The shortest QUIC idle timeout: a connection whose client vanished is
+/// dropped after `max(keepalive_timeout, this)`.
+const MIN_QUIC_IDLE: Duration = Duration::from_secs(10);
+
+type H3Conn = ::h3::server::Connection<h3_quinn::Connection, Bytes>;
+type Resolver = ::h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+
+/// Binds the UDP socket for the TCP listener at `tcp` (same address; port
+/// `config.http3.port` if set) and starts a quinn endpoint on it. Call
+/// inside the worker's runtime.
+///
+/// Errors: the socket's (`bind` in use without `SO_REUSEPORT` on the other
+/// side, permissions) or quinn's configuration, naming the address.
+pub(crate) fn bind(
+    tcp: SocketAddr,
+    setup: &Setup,
+    config: &crate::config::Config,
+) -> io::Result<quinn::Endpoint> {
+    let Some(h3) = &config.http3 else {
+        return Err(io::Error::other("HTTP/3 is off"));
+    };
+    let addr = SocketAddr::new(tcp.ip(), h3.port.unwrap_or(tcp.port()));
+    let socket = udp_socket(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("HTTP/3: cannot bind UDP {addr}: {e}")))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::clone(&setup.crypto) as _);
+    server.transport_config(Arc::new(transport(config, h3)));
+    let mut endpoint = quinn::EndpointConfig::default();
+    // The slot byte stays 0 until packets are steered by it (see `cid`).
+    endpoint.cid_generator(|| Box::new(cid::SlotCids::new(0)));
+    quinn::Endpoint::new(
+        endpoint,
+        Some(server),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
+/// QUIC transport limits from the configuration (see the module docs).
+fn transport(config: &crate::config::Config, h3: &crate::config::Http3) -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(h3.max_concurrent_streams));
+    let idle = config.keepalive_timeout.max(MIN_QUIC_IDLE);
+    t.max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
+    t.keep_alive_interval(Some(idle / 3));
+    t
+}
+
+/// A non-blocking UDP socket at `addr` with `SO_REUSEPORT` (and
+/// `SO_REUSEADDR`), so that every worker of a Gunicorn master binds its own.
+fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    use nix::sys::socket::{
+        self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6,
+    };
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let fd = socket::socket(
+        family,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    socket::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    socket::setsockopt(&fd, sockopt::ReusePort, &true)?;
+    match addr {
+        SocketAddr::V4(a) => socket::bind(fd.as_raw_fd(), &SockaddrIn::from(a))?,
+        SocketAddr::V6(a) => socket::bind(fd.as_raw_fd(), &SockaddrIn6::from(a))?,
+    }
+    Ok(std::net::UdpSocket::from(fd))
+}
+
+/// Accepts QUIC connections on an endpoint until `stop` is cancelled; each
+/// is served on a task of `tracker`, holding a slot of `limit` (none free:
+/// refused). `alt` (the TCP listener's `Alt-Svc`) is on while this runs.
+pub(crate) async fn serve(
+    (endpoint, alt): (quinn::Endpoint, Arc<AltSvc>),
+    shared: Arc<Worker>,
+    app: Arc<AppContext>,
+    setup: Arc<Setup>,
+    tracker: TaskTracker,
+    limit: Option<Arc<Semaphore>>,
+    stop: CancellationToken,
+) {
+    let info = Arc::new(ListenerInfo {
+        local: LocalAddr::Tcp(endpoint.local_addr().unwrap_or(([0, 0, 0, 0], 0).into())),
+        app,
+        py_server: OnceLock::new(),
+        alt_svc: None,
+    });
+    alt.set(true);
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => break,
+            },
+            _ = stop.cancelled() => break,
+        };
+        let permit = match &limit {
+            Some(sem) => match Arc::clone(sem).try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    incoming.refuse();
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let (shared, info, setup) = (Arc::clone(&shared), Arc::clone(&info), Arc::clone(&setup));
+        tracker.spawn(connection(
+            incoming,
+            shared,
+            info,
+            setup,
+            permit,
+            tracker.clone(),
+        ));
+    }
+    alt.set(false);
+    // New connections are ignored from now; open ones drain (the server
+    // orders them) and keep the endpoint alive until they end.
+    endpoint.set_server_config(None);
+}
+
+/// Serves one QUIC connection: handshake (bounded by
+/// `tls_handshake_timeout`), then request streams until it closes.
+async fn connection(
+    incoming: quinn::Incoming,
+    shared: Arc<Worker>,
+    info: Arc<ListenerInfo>,
+    setup: Arc<Setup>,
+    permit: Option<OwnedSemaphorePermit>,
+    tracker: TaskTracker,
+) {
+    let member = shared.connections.join();
+    let peer = incoming.remote_address();
+    let limit = shared.config.tls_handshake_timeout;
+    let handshake = async {
+        if limit.is_zero() {
+            incoming.await.map_err(|e| e.to_string())
+        } else {
+            match tokio::time::timeout(limit, incoming).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no handshake within {limit:?}")),
+            }
+        }
+    };
+    let qconn = match handshake.await {
+        Ok(c) => c,
+        Err(why) => {
+            tracing::debug!("QUIC handshake with {peer}: {why}");
+            return;
+        }
+    };
+    let chain = qconn
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok());
+    let tls = (setup.tls_facts)(chain.as_deref().map(Vec::as_slice));
+    let ctx = Arc::new(ConnCtx::new(
+        Arc::clone(&shared),
+        info,
+        Some(peer),
+        permit,
+        Some(Box::new(tls)),
+    ));
+    let built = ::h3::server::builder()
+        .max_field_section_size(
+            shared
+                .config
+                .http3
+                .as_ref()
+                .map_or(65536, |h| h.max_field_section_size),
+        )
+        .build::<_, Bytes>(h3_quinn::Connection::new(qconn.clone()))
+        .await;
+    let mut h3c: H3Conn = match built {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!("HTTP/3 connection from {peer}: {e}");
+            return;
+        }
+    };
+    let why = drive(&mut h3c, &qconn, &ctx, &member, &tracker).await;
+    tracing::debug!("HTTP/3 connection from {peer} done: {why}");
+}
+
+/// The request streams open on a connection.
+#[derive(Default)]
+struct Streams {
+    open: AtomicUsize,
+    /// When the last one closed ([`clock_ms`]).
+    since_ms: AtomicU64,
+    /// Woken when one closes.
+    closed: Notify,
+}
+
+/// One open request stream; closes it on drop.
+struct StreamGuard(Arc<Streams>);
+
+impl StreamGuard {
+    fn new(streams: &Arc<Streams>) -> Self {
+        streams.open.fetch_add(1, Ordering::Relaxed);
+        StreamGuard(Arc::clone(streams))
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.since_ms.store(clock_ms(), Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.0.closed.notify_one();
+    }
+}
+
+/// Resolves once the server's order for this connection is past `than`.
+async fn order_past(member: &Member<'_>, than: Order) -> Order {
+    let mut registered = false;
+    poll_fn(|cx| {
+        if !registered {
+            member.register(cx.waker());
+            registered = true;
+        }
+        match member.order() {
+            o if o as u8 > than as u8 => Poll::Ready(o),
+            _ => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Closes the connection after its GOAWAY: at once when the client has
+/// closed it, else after [`DRAIN_IDLE`], so the last responses' packets
+/// are acknowledged before CONNECTION_CLOSE discards what is unsent.
+async fn close_after_goaway(h3c: &mut H3Conn, qconn: &quinn::Connection) {
+    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
+    let _ = tokio::time::timeout(DRAIN_IDLE, qconn.closed()).await;
+    qconn.close(quinn::VarInt::from_u32(0x100), b"");
+}
+
+/// Accepts request streams until the connection ends; see the module docs
+/// for idle and drain. Returns why it ended.
+async fn drive(
+    h3c: &mut H3Conn,
+    qconn: &quinn::Connection,
+    ctx: &Arc<ConnCtx>,
+    member: &Member<'_>,
+    tracker: &TaskTracker,
+) -> &'static str {
+    let streams = Arc::new(Streams::default());
+    streams.since_ms.store(clock_ms(), Ordering::Relaxed);
+    let keepalive = ctx.shared.config.keepalive_timeout;
+    let mut draining = false;
+    loop {
+        let open = streams.open.load(Ordering::Relaxed);
+        if draining && open == 0 {
+            close_after_goaway(h3c, qconn).await;
+            return "drained";
+        }
+        let idle_left = (open == 0).then(|| {
+            let since = streams.since_ms.load(Ordering::Relaxed);
+            let due = since + keepalive.as_millis() as u64;
+            Duration::from_millis(due.saturating_sub(clock_ms()))
+        });
+        tokio::select! {
+            r = h3c.accept() => match r {
+                Ok(Some(resolver)) => {
+                    let guard = StreamGuard::new(&streams);
+                    tracker.spawn(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
+                }
+                Ok(None) => return "closed by the client",
+                Err(e) if e.is_h3_no_error() => return "closed",
+                Err(e) => {
+                    tracing::debug!("HTTP/3 connection: {e}");
+                    return "error";
+                }
+            },
+            o = order_past(member, if draining { Order::Drain } else { Order::Serve }) => {
+                if o == Order::Drain {
+                    // GOAWAY: requests already accepted finish.
+                    draining = true;
+                    let _ = h3c.shutdown(1).await;
+                } else {
+                    qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
+                    return "server stop";
+                }
+            }
+            _ = streams.closed.notified(), if open > 0 => {}
+            _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() && !draining => {
+                close_after_goaway(h3c, qconn).await;
+                return "keep-alive idle timeout";
+            }
+        }
+    }
+}
+
+/// The `content-length` a request declared, if one valid one.
+fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let first = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    first.to_str().ok()?.trim().parse().ok()
+}
+
+/// Serves one request stream: its head, the shared service, the response.
+/// The connection closing drops the service's future: the app is told
+/// `http.disconnect`.
+async fn request(
+    resolver: Resolver,
+    conn: Arc<ConnCtx>,
+    qconn: quinn::Connection,
+    _guard: StreamGuard,
+) {
+    let (req, stream) = match resolver.resolve_request().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!("HTTP/3 request from {:?} refused: {e}", conn.info.peer);
+            return;
+        }
+    };
+    let (mut send, recv): (SendHalf, _) = stream.split();
+    let ctx = Arc::new(conn.for_request());
+    ctx.activity.start_request();
+    let mut body = H3Body::new(recv, declared_length(req.headers()));
+    body.prime().await;
+    let req = req.map(|()| body);
+    let resp = tokio::select! {
+        r = super::dispatch::handle(req, Arc::clone(&ctx)) => match r {
+            Ok(r) => r,
+            Err(never) => match never {},
+        },
+        _ = qconn.closed() => return,
+    };
+    if let Err(e) = body::respond(&mut send, resp).await {
+        tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
+    }
+}

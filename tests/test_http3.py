@@ -1,0 +1,267 @@
+"""HTTP/3 (issue 21, the first cut): QUIC on UDP beside each TCP listener,
+served through the same dispatch as HTTP/2. Driven with aioquic's
+``H3Connection`` (``tests/h3client.py``) over real sockets, and niquests end
+to end; trustme certificates as in test_tls.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import ssl
+import subprocess
+
+import pytest
+from harness import PY, ROOT, _env, gunicorn, skirr, wait_until
+
+trustme = pytest.importorskip("trustme")
+pytest.importorskip("aioquic")
+from h3client import h3_connect, run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    paths = {"ca": d / "ca.pem", "cert": d / "cert.pem", "key": d / "key.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    for blob in server.cert_chain_pems[1:]:
+        blob.write_to_path(str(paths["cert"]), append=True)
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def tls_get(port: int, ca: str, path: str = "/") -> tuple[int, dict[str, str], bytes]:
+    """An HTTP/1.1 GET over TLS: status, fields (lower-case names), body."""
+    ctx = ssl.create_default_context(cafile=ca)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), fields, body
+
+
+def _tls_ready(port: int, ca: str) -> bool:
+    try:
+        return tls_get(port, ca)[0] == 200
+    except OSError:
+        return False
+
+
+def h3_skirr(pki, app: str = "apps.probe:app", *args: str, env: dict | None = None):
+    """A standalone server with TLS and ``--http3`` (UDP on the TCP port)."""
+    return skirr(
+        app, "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], "--http3", *args, env=env, ready=False
+    )
+
+
+def test_get_and_scope_facts(pki):
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                root = await c.request("GET", "/")
+                scope = await c.request("GET", "/scope?x=1", headers=[("cookie", "a=1"), ("cookie", "b=2")])
+                return root, scope
+
+        root, r = run(go())
+        assert root.status == 200
+        assert root.header("date")
+        assert r.status == 200
+        scope = json.loads(r.body)
+        assert scope["http_version"] == "3"
+        assert scope["scheme"] == "https"
+        assert scope["method"] == "GET"
+        assert scope["path"] == "/scope"
+        assert scope["query_string"] == {"bytes": "x=1"}
+        headers = [(k["bytes"], v["bytes"]) for k, v in scope["headers"]]
+        # :authority becomes the first host field; cookies are joined (RFC 9114 §4.2.1).
+        assert headers[0] == ("host", "localhost")
+        assert ("cookie", "a=1; b=2") in headers
+        assert scope["server"] == ["127.0.0.1", s.port]
+        assert scope["client"][0] == "127.0.0.1"
+        tls = scope["extensions"]["tls"]
+        assert tls["tls_version"] == 0x0304
+        assert tls["client_cert_chain"] == []
+        assert tls["server_cert"].startswith("-----BEGIN CERTIFICATE-----")
+        # The access log names the version as Gunicorn and uvicorn would.
+        wait_until(lambda: '"GET /scope?x=1 HTTP/3.0" 200' in s.logs(), what="access log line")
+
+
+def test_post_echo_streams_a_large_body_both_ways(pki):
+    body = bytes(range(256)) * 16384  # 4 MiB
+    with h3_skirr(pki, "apps.probe:app", "--body-buffer", "65536") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                # Two at once on one connection: each stream on its own.
+                a = c.start("POST", "/echo", headers=[("content-length", str(len(body)))], body=body)
+                b = c.start("POST", "/upload-count", body=body[:100000])
+                return await c.response(a, 30), await c.response(b, 30)
+
+        echo, count = run(go(), 60)
+        assert echo.status == 200
+        assert echo.body == body
+        # Coalesced: fewer messages than QUIC packets (~1.2 KB of payload each).
+        assert int(echo.header("x-chunks")) < len(body) // 1500
+        assert count.status == 200 and json.loads(count.body)["bytes"] == 100000
+
+
+def test_streamed_response_and_trailers(pki):
+    with h3_skirr(pki, "apps.h3_app:app") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                return await c.request("GET", "/stream?n=48")
+
+        r = run(go(), 60)
+        assert r.status == 200
+        assert len(r.body) == 48 * 65536
+        assert r.body[-1:] == bytes([65 + 47 % 26])
+    with h3_skirr(pki, "apps.trailers_app:app") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def trailers():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                return await c.request("GET", "/", headers=[("te", "trailers")])
+
+        r = run(trailers())
+        assert r.body == b"hello world"
+        assert ("x-checksum", "abc") in r.trailers and ("x-count", "2") in r.trailers
+
+
+def test_a_request_reset_mid_body_is_a_disconnect(pki):
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                sid = c.start("POST", "/upload-count", body=b"x" * 20000, end=False)
+                c.send_more(sid, b"y" * 20000)
+                # The app has the first bytes once a second request is served
+                # on the same connection after them.
+                assert (await c.request("GET", "/")).status == 200
+                c.reset(sid)
+                for _ in range(200):
+                    events = json.loads((await c.request("GET", "/events")).body)
+                    if any("upload_disconnect" in e for e in events):
+                        return events
+                    await asyncio.sleep(0.02)
+                return events
+
+        events = run(go())
+        assert any("upload_disconnect" in e for e in events), events
+
+
+def test_alt_svc_on_http1_responses_only_while_udp_listens(pki):
+    with h3_skirr(pki, "apps.h3_app:app") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        status, fields, _ = tls_get(s.port, pki["ca"], "/")
+        assert status == 200
+        assert fields["alt-svc"] == f'h3=":{s.port}"; ma=86400'
+        # An app's own alt-svc is never overridden.
+        _, fields, body = tls_get(s.port, pki["ca"], "/own-alt-svc")
+        assert body == b"own" and fields["alt-svc"] == "clear"
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                return await c.request("GET", "/")
+
+        r = run(go())
+        assert r.status == 200 and r.header("alt-svc") is None
+    # Without --http3 no alt-svc.
+    with skirr("apps.h3_app:app", "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], ready=False) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        assert "alt-svc" not in tls_get(s.port, pki["ca"], "/")[1]
+
+
+def test_graceful_stop_sends_goaway_and_finishes_the_request(pki):
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                sid = c.start("GET", "/sleep?secs=0.8&tag=drain")
+                for _ in range(200):
+                    if "sleeping" in (await c.request("GET", "/events")).body.decode():
+                        break
+                    await asyncio.sleep(0.01)
+                s.send_signal(signal.SIGTERM)
+                r = await c.response(sid)
+                end = await asyncio.wait_for(asyncio.shield(c.terminated), 10)
+                return r, c.goaway, end.error_code
+
+        r, goaway, code = run(go())
+        assert r.status == 200 and r.body == b"slept"
+        assert goaway
+        assert code == 0x100  # H3_NO_ERROR
+        assert s.wait(10) == 0
+
+
+def test_boot_error_without_tls():
+    p = subprocess.run(
+        [PY, "-m", "skirr", "apps.probe:app", "--port", "0", "--http3"],
+        cwd=str(ROOT),
+        env=_env(None),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert p.returncode == 1
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        "skirr: error: http3 needs TLS (QUIC is always encrypted): set --ssl-certfile and --ssl-keyfile"
+    ], p.stderr
+    # Under Gunicorn (SKIRR_HTTP3=1, no certfile): the worker's boot error.
+    with gunicorn("apps.probe:app", env={"SKIRR_HTTP3": "1"}, ready=False) as g:
+        assert g.wait(30) != 0
+        assert "http3 needs TLS (QUIC is always encrypted): set certfile and keyfile" in g.logs()
+
+
+def test_gunicorn_two_workers_both_answer_over_h3(pki, tmp_path):
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text("skirr_http3 = True\n")
+    args = ["-c", str(conf), "-w", "2", "--certfile", pki["cert"], "--keyfile", pki["key"]]
+    with gunicorn("apps.probe:app", *args, ready=False) as g:
+        wait_until(lambda: _tls_ready(g.port, pki["ca"]), what="TLS server")
+
+        async def pids():
+            seen = set()
+            for _ in range(60):
+                # A new connection from a new source port each time: the
+                # kernel's reuseport hash spreads them over the workers.
+                async with h3_connect(g.port, pki["ca"]) as c:
+                    r = await c.request("GET", "/pid")
+                    assert r.status == 200
+                    seen.add(int(r.body))
+                if len(seen) == 2:
+                    break
+            return seen
+
+        seen = run(pids(), 60)
+        assert len(seen) == 2, seen
+
+
+def test_niquests_end_to_end(pki):
+    niquests = pytest.importorskip("niquests")
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        with niquests.Session(disable_http1=True, disable_http2=True, timeout=10) as sess:
+            sess.quic_cache_layer.add_domain("127.0.0.1", s.port)
+            r = sess.get(f"https://127.0.0.1:{s.port}/scope", verify=pki["ca"])
+            assert r.status_code == 200
+            assert r.http_version == 30
+            assert r.json()["http_version"] == "3"
+            r = sess.post(f"https://127.0.0.1:{s.port}/echo", data=b"z" * 200000, verify=pki["ca"])
+            assert r.content == b"z" * 200000
