@@ -147,8 +147,14 @@ class H3Client(QuicConnectionProtocol):
 
 
 @asynccontextmanager
-async def h3_connect(port: int, ca: str | None, host: str = "127.0.0.1") -> AsyncIterator[H3Client]:
+async def h3_connect(
+    port: int, ca: str | None, host: str = "127.0.0.1", cert: tuple[str, str] | None = None
+) -> AsyncIterator[H3Client]:
+    """A connection to 127.0.0.1:`port` verified with `ca` (`None`: not
+    verified), presenting `cert` (certificate and key files) if given."""
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    if cert:
+        cfg.load_cert_chain(*cert)
     if ca:
         cfg.load_verify_locations(ca)
     else:

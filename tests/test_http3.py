@@ -25,8 +25,17 @@ def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
     ca = trustme.CA()
     server = ca.issue_cert("localhost", "127.0.0.1")
-    paths = {"ca": d / "ca.pem", "cert": d / "cert.pem", "key": d / "key.pem"}
+    client = ca.issue_cert("client@example.test")
+    paths = {
+        "ca": d / "ca.pem",
+        "cert": d / "cert.pem",
+        "key": d / "key.pem",
+        "client_cert": d / "client-cert.pem",
+        "client_key": d / "client-key.pem",
+    }
     ca.cert_pem.write_to_path(str(paths["ca"]))
+    client.cert_chain_pems[0].write_to_path(str(paths["client_cert"]))
+    client.private_key_pem.write_to_path(str(paths["client_key"]))
     server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
     for blob in server.cert_chain_pems[1:]:
         blob.write_to_path(str(paths["cert"]), append=True)
@@ -50,8 +59,10 @@ def tls_get(port: int, ca: str, path: str = "/") -> tuple[int, dict[str, str], b
 
 
 def _tls_ready(port: int, ca: str) -> bool:
+    """The server answers over TLS (any status): its UDP endpoint was
+    bound before the TCP listener accepted."""
     try:
-        return tls_get(port, ca)[0] == 200
+        return tls_get(port, ca)[0] > 0
     except OSError:
         return False
 
@@ -141,6 +152,36 @@ def test_streamed_response_and_trailers(pki):
         assert ("x-checksum", "abc") in r.trailers and ("x-count", "2") in r.trailers
 
 
+def test_client_certificate_compression_and_pathsend(pki, tmp_path):
+    args = ["--ssl-ca-certs", pki["ca"], "--ssl-cert-reqs", "1", "--compression", "gzip"]
+    with h3_skirr(pki, "apps.probe:app", *args) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            client = (pki["client_cert"], pki["client_key"])
+            async with h3_connect(s.port, pki["ca"], cert=client) as c:
+                return await c.request("GET", "/scope", headers=[("accept-encoding", "gzip")])
+
+        r = run(go())
+        assert r.header("content-encoding") == "gzip"
+        import gzip
+
+        tls = json.loads(gzip.decompress(r.body))["extensions"]["tls"]
+        assert tls["client_cert_chain"][0].strip() == open(pki["client_cert"]).read().strip()
+        assert tls["client_cert_name"]
+    f = tmp_path / "file.bin"
+    f.write_bytes(bytes(range(256)) * 4096)
+    with h3_skirr(pki, "apps.pathsend_app:app") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def send_file():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                return await c.request("GET", f"/?path={f}")
+
+        r = run(send_file())
+        assert r.status == 200 and r.body == f.read_bytes()
+
+
 def test_a_request_reset_mid_body_is_a_disconnect(pki):
     with h3_skirr(pki) as s:
         wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
@@ -180,6 +221,14 @@ def test_alt_svc_on_http1_responses_only_while_udp_listens(pki):
 
         r = run(go())
         assert r.status == 200 and r.header("alt-svc") is None
+    # HTTP/2 responses carry it too.
+    httpx = pytest.importorskip("httpx")
+    with h3_skirr(pki, "apps.h3_app:app", "--http-protocols", "h2,h1") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        with httpx.Client(http2=True, verify=ssl.create_default_context(cafile=pki["ca"]), timeout=10) as c:
+            r = c.get(f"https://localhost:{s.port}/")
+            assert r.http_version == "HTTP/2"
+            assert r.headers["alt-svc"] == f'h3=":{s.port}"; ma=86400'
     # Without --http3 no alt-svc.
     with skirr("apps.h3_app:app", "--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"], ready=False) as s:
         wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
