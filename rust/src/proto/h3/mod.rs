@@ -176,9 +176,16 @@ pub(crate) async fn serve(
         ));
     }
     alt.set(false);
-    // New connections are ignored from now; open ones drain (the server
-    // orders them) and keep the endpoint alive until they end.
-    endpoint.set_server_config(None);
+    // Open connections drain (the server orders them). New ones the
+    // kernel still sends to this socket are refused at once
+    // (CONNECTION_REFUSED), so that their clients try again or fall back
+    // to TCP instead of waiting out a handshake timeout; this task ends
+    // with the runtime.
+    tokio::spawn(async move {
+        while let Some(incoming) = endpoint.accept().await {
+            incoming.refuse();
+        }
+    });
 }
 
 /// Serves one QUIC connection: handshake (bounded by
