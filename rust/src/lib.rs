@@ -2,8 +2,9 @@
 //! standalone (`python -m skirr`).
 //!
 //! Each worker process builds, after fork, one Tokio runtime that owns every
-//! socket (HTTP/1.1 and HTTP/2 by hyper; WebSockets on Skirr's own framing
-//! with permessage-deflate, `wire::ws_frame`, deflate by flate2) and one
+//! socket (HTTP/1.1 and HTTP/2 by hyper; HTTP/3 by quinn and h3, on a UDP
+//! socket of its own; WebSockets on Skirr's own framing with
+//! permessage-deflate, `wire::ws_frame`, deflate by flate2) and one
 //! asyncio thread that runs the app; the [`bridge`] moves work between them
 //! in batches.
 //!
@@ -13,7 +14,7 @@
 //!
 //! ```text
 //! server/     composition root: Server, run, listen, accept, tls, runtime
-//! proto/      wire-protocol drivers: h1/, h2/, ws/ (none uses another;
+//! proto/      wire-protocol drivers: h1/, h2/, h3/, ws/ (none uses another;
 //!             ws/ also answers the handshake),
 //!             mod.rs picks one, dispatch.rs routes a request
 //! http/       HTTP semantics shared by every version (Tokio side):
@@ -31,8 +32,8 @@
 //! The bridge names no protocol: a request reaches the asyncio thread as a
 //! [`Job`](bridge::queue::Job) and news for its waiters as a
 //! [`Wake`](bridge::queue::Wake); an application coroutine's owner is a
-//! [`TaskOwner`](bridge::owner::TaskOwner). A new wire protocol (HTTP/3)
-//! is a new `proto/` folder. [`wire`] holds the checks Skirr adds to
+//! [`TaskOwner`](bridge::owner::TaskOwner). A wire protocol is a `proto/`
+//! folder (HTTP/3 is `proto/h3`). [`wire`] holds the checks Skirr adds to
 //! hyper's parser; it is the only module built without the `python` feature
 //! (for the fuzz targets).
 
