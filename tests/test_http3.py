@@ -17,7 +17,7 @@ from harness import PY, ROOT, _env, gunicorn, skirr, wait_until
 
 trustme = pytest.importorskip("trustme")
 pytest.importorskip("aioquic")
-from h3client import h3_connect, run  # noqa: E402
+from h3client import REQUEST_CANCELLED, h3_connect, run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +204,28 @@ def test_a_request_reset_mid_body_is_a_disconnect(pki):
 
         events = run(go())
         assert any("upload_disconnect" in e for e in events), events
+
+
+def test_stop_sending_mid_response_is_a_disconnect(pki):
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                sid = c.start("GET", "/stream-until-disconnect?tag=h3stop")
+                await c.head(sid)
+                # STOP_SENDING only: the client stops reading the response.
+                c._quic.stop_stream(sid, REQUEST_CANCELLED)
+                c.transmit()
+                for _ in range(200):
+                    events = json.loads((await c.request("GET", "/events")).body)
+                    if any(isinstance(e, dict) and e.get("tag") == "h3stop" for e in events):
+                        return events
+                    await asyncio.sleep(0.02)
+                return events
+
+        events = run(go())
+        assert any(isinstance(e, dict) and e.get("tag") == "h3stop" and "stream_error" in e for e in events), events
 
 
 def test_alt_svc_on_http1_responses_only_while_udp_listens(pki):
