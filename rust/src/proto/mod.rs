@@ -7,7 +7,7 @@
 //! the [`ConnCtx`] its requests carry and calls the protocol-neutral
 //! service (`http::service`), which queues them for the ASGI side.
 //!
-//! HTTP/3 (`h3/`) plugs in beside them: its own accept loop on a UDP socket
+//! HTTP/3 (`h3/`) sits beside them with its own accept loop on a UDP socket
 //! (started by `server::run`), a `ConnCtx` per request stream, the same
 //! `dispatch::handle` over a request body that implements
 //! `http_body::Body` (any `http::pump::RequestBody`: it gets its own
