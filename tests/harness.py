@@ -22,6 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+#: The suite runs in loop_mode single (``SKIRR_LOOP_MODE=single``): servers
+#: started here inherit it. Tests of what only two threads can do (the Tokio
+#: side answering while the app blocks the loop) skip then.
+SINGLE_MODE = os.environ.get("SKIRR_LOOP_MODE", "").strip().lower() == "single"
+
 TIMEOUT = 10.0
 
 

@@ -34,6 +34,7 @@ GROUPS_ON: dict[str, Any] = {
 #: number or a bool.
 OTHER: dict[str, Any] = {
     "lifespan": "on",
+    "loop_mode": "single",
     "tasks": "asyncio",
     "root_path": "/mounted",
     "health_path": "/_health",

@@ -12,7 +12,10 @@ import socket
 import threading
 import time
 
-from harness import PY, RawConn, gunicorn, request, skirr, start, wait_until, worker_pids
+import pytest
+from harness import PY, SINGLE_MODE, RawConn, gunicorn, request, skirr, start, wait_until, worker_pids
+
+pytestmark = pytest.mark.skipif(SINGLE_MODE, reason="loop_mode single has no loop watchdog: Tokio blocks with the loop")
 
 APP = "apps.probe:app"
 STALL = {"SKIRR_LOOP_STALL_TIMEOUT": "0.5"}

@@ -11,7 +11,7 @@ import subprocess
 import threading
 
 import pytest
-from harness import PY, ROOT, RawConn, gunicorn, request, skirr, wait_until
+from harness import PY, ROOT, SINGLE_MODE, RawConn, gunicorn, request, skirr, wait_until
 
 APP = "apps.probe:app"
 HEALTH = {"SKIRR_HEALTH_PATH": "/_health"}
@@ -131,6 +131,7 @@ def _sleeping(port: int) -> bool:
         return c.read_response().status == 503
 
 
+@pytest.mark.skipif(SINGLE_MODE, reason="loop_mode single: a blocked loop blocks the health path too")
 def test_health_turns_503_while_the_loop_is_blocked_under_gunicorn():
     env = {**HEALTH, "SKIRR_LOOP_STALL_TIMEOUT": "0.5"}
     with gunicorn(APP, "-w", "1", "--timeout", "30", env=env) as g:

@@ -12,6 +12,9 @@ from harness import gunicorn, request, skirr, wait_until, worker_pids
 
 APP = "apps.signals_app:app"
 
+#: The loop's thread: its own in loop_mode dual, the main thread in single.
+LOOP = "MainThread" if os.environ.get("SKIRR_LOOP_MODE") == "single" else "skirr-asyncio"
+
 
 def state(port: int) -> dict:
     return json.loads(request(port, "GET", "/signals").body)
@@ -23,7 +26,7 @@ def usr2_runs_the_apps_handler(port: int, pid: int) -> None:
     os.kill(pid, signal.SIGUSR2)
     got = wait_until(lambda: (lambda g: g if len(g) == 2 else None)(state(port)["got"]), what="a second run")
     # On the loop's thread, with the registration's arguments.
-    assert got == ["usr2@skirr-asyncio"] * 2
+    assert got == [f"usr2@{LOOP}"] * 2
 
 
 def test_standalone_app_handles_sigusr2_and_cannot_take_skirrs_signals():
@@ -36,11 +39,11 @@ def test_standalone_app_handles_sigusr2_and_cannot_take_skirrs_signals():
         assert results["SIGKILL"] == "RuntimeError: sig 9 cannot be caught"
         usr2_runs_the_apps_handler(s.port, s.proc.pid)
         os.kill(s.proc.pid, signal.SIGHUP)
-        wait_until(lambda: "hup@skirr-asyncio" in state(s.port)["got"], what="the SIGHUP handler")
+        wait_until(lambda: f"hup@{LOOP}" in state(s.port)["got"], what="the SIGHUP handler")
         # Removed: the signal is ignored from then on (the worker lives on).
         assert json.loads(request(s.port, "GET", "/remove").body) is True
         os.kill(s.proc.pid, signal.SIGUSR2)
-        assert state(s.port)["got"].count("usr2@skirr-asyncio") == 2
+        assert state(s.port)["got"].count(f"usr2@{LOOP}") == 2
         assert s.proc.poll() is None
         # Skirr's own signals still do their work.
         assert s.stop(signal.SIGTERM) == 0

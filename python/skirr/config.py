@@ -262,6 +262,13 @@ OPTIONS: tuple[Option, ...] = (
         rust=False,
     ),
     Option(
+        "loop_mode",
+        "dual",
+        _choice("dual", "single"),
+        "dual: Tokio's I/O on one thread, the asyncio loop on another; single: both on one thread (asyncio's"
+        " selector loop runs Tokio; no uvloop, no loop watchdog)",
+    ),
+    Option(
         "lifespan",
         "auto",
         _choice("auto", "on", "off"),

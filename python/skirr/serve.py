@@ -1,9 +1,16 @@
 """The process-level core shared by ``python -m skirr`` and the Gunicorn worker.
 
-It creates the asyncio loop (uvloop or asyncio), starts it in its own thread,
-and hands the app and listening sockets to the Rust :class:`Server`, which
-blocks the calling thread (without the GIL) until the server stops. The
-Tokio runtime is built inside that call: after fork, never in a master.
+It creates the asyncio loop (uvloop or asyncio) and hands the app and
+listening sockets to the Rust :class:`Server`. The Tokio runtime is built
+then: after fork, never in a master. Two shapes (``loop_mode``):
+
+* ``dual`` (default): the loop runs in its own thread, and ``Server.serve``
+  blocks the calling thread (without the GIL), running Tokio, until the
+  server stops.
+* ``single``: one thread. The loop is asyncio's ``SelectorEventLoop`` with a
+  :class:`TokioSelector`, whose ``select()`` runs the Tokio runtime
+  (``Server.turn``) until a Python fd is ready, requests wait for the app, or
+  the timeout passes (rust/src/server/single.rs).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import contextvars
 import functools
 import inspect
 import logging
+import os
+import selectors
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -170,6 +179,66 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     return _loop_class(asyncio.SelectorEventLoop)()
 
 
+class TokioSelector(selectors.EpollSelector):
+    """The selector of single mode: an epoll selector whose ``select()``
+    runs the server's Tokio runtime while it waits (``Server.turn``). The
+    runtime reports the epoll fd readable, the bridge queue's events (the
+    server's ``event_fd`` reader is then reported ready: ``Server.drain``
+    runs), or the timeout; Python's epoll is then read without waiting.
+    Without a server attached (before ``start``, after ``finish``) it is a
+    plain ``EpollSelector``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._turn: Callable[[int, float | None], int] | None = None
+        self._event_fd = -1
+        self._on_finished: Callable[[], None] = lambda: None
+        #: The last read of the epoll returned events: read it again before
+        #: waiting (a level-triggered fd its callback did not drain stays
+        #: ready without a new edge for Tokio's reactor).
+        self._again = False
+
+    def attach(self, server: Server, on_finished: Callable[[], None]) -> None:
+        self._turn = server.turn
+        self._event_fd = server.event_fd
+        self._on_finished = on_finished
+
+    def detach(self) -> None:
+        self._turn = None
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        turn = self._turn
+        if turn is None:
+            return super().select(timeout)
+        ready = super().select(0) if self._again else []
+        flags = turn(self._selector.fileno(), 0 if ready else timeout)  # type: ignore[attr-defined]
+        if flags & 2 and not ready:
+            ready = super().select(0)
+        self._again = bool(ready)
+        if flags & 1:
+            key = self.get_map().get(self._event_fd)
+            if key is not None:
+                ready.append((key, selectors.EVENT_READ))
+        if flags & 4:
+            self._turn = None
+            self._on_finished()
+        return ready
+
+
+def _single_mode(config: dict[str, Any], loop_kind: str, log: logging.Logger) -> bool:
+    """Whether to run single mode; warns (one line) when it was asked for
+    and cannot be had: uvloop's loop has no selector to run Tokio from."""
+    if config.get("loop_mode", "dual") != "single":
+        return False
+    if loop_kind == "uvloop":
+        log.warning("skirr: loop_mode single needs asyncio's loop, not uvloop: running loop_mode dual")
+        return False
+    if int(config.get("tokio_threads", 1)) > 1:
+        log.warning("skirr: loop_mode single runs one thread, tokio_threads > 1: running loop_mode dual")
+        return False
+    return True
+
+
 def _probe_loop_lag(loop: asyncio.AbstractEventLoop, server: Server) -> None:
     """A timer on the loop that reports how late it runs
     (``skirr_event_loop_lag_seconds``); the Rust side also reports a probe
@@ -244,7 +313,14 @@ def serve(
     Raises :class:`skirr.StartupFailed` if lifespan startup fails, and
     ``ValueError``/``TypeError`` for a bad ``config``.
     """
-    loop = new_event_loop(loop_kind)
+    single = _single_mode(config, loop_kind, error_logger)
+    selector = None
+    if single:
+        selector = TokioSelector()
+        loop: asyncio.AbstractEventLoop = _loop_class(asyncio.SelectorEventLoop)(selector)
+    else:
+        config = {**config, "loop_mode": "dual"}
+        loop = new_event_loop(loop_kind)
     server = Server(app, loop, config, error_logger, access_logger, reopen_logs)
     forwarder = SignalForwarder(loop, server, {**SKIRR_SIGNALS, **(reserved_signals or {})})
     server.set_signal_dispatch(forwarder.dispatch)
@@ -272,6 +348,8 @@ def serve(
             loop.call_later(tick, turned)
 
         loop.call_soon(turned)
+    if selector is not None:
+        return _serve_single(loop, selector, server, listeners, on_server, error_logger)
     thread = threading.Thread(target=_run_loop, args=(loop,), name="skirr-asyncio", daemon=True)
     thread.start()
     if on_server is not None:
@@ -294,3 +372,44 @@ def serve(
             _finish_loop(loop, server, error_logger)
         else:
             error_logger.warning("the event loop did not stop within %ss", LOOP_JOIN_TIMEOUT)
+
+
+def _serve_single(
+    loop: asyncio.AbstractEventLoop,
+    selector: TokioSelector,
+    server: Server,
+    listeners: Sequence[tuple[int, str]],
+    on_server: Callable[[Server], None] | None,
+    log: logging.Logger,
+) -> None:
+    """Single mode: the loop runs on this thread and Tokio inside its
+    selector, until the server's main task ends."""
+    asyncio.set_event_loop(loop)
+    selector.attach(server, loop.stop)
+    if on_server is not None:
+        on_server(server)
+    for s in RUST_SIGNALS:
+        signal.signal(s, _ignore)
+
+    def abort(signum: int, frame: Any) -> None:
+        # Gunicorn's timeout while the app blocks the loop, hence Tokio's
+        # own SIGABRT task: Python runs this at its next bytecode (a blocking
+        # sleep is interrupted). Otherwise Tokio's task gets there first.
+        server.call_signal_hook("SIGABRT")
+        os._exit(1)
+
+    # Before start(): Tokio's handler chains to this one.
+    signal.signal(signal.SIGABRT, abort)
+    server.start(list(listeners))
+    try:
+        loop.run_forever()
+    finally:
+        selector.detach()
+        try:
+            server.finish()
+        finally:
+            # Log lines the runtime queued as it stopped.
+            server.drain()
+            loop.remove_reader(server.event_fd)
+            _finish_loop(loop, server, log)
+            asyncio.set_event_loop(None)

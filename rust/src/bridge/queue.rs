@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Waker;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use parking_lot::Mutex;
@@ -96,13 +97,22 @@ pub(crate) struct PyQueue {
     /// stack, so the loop watchdog can answer the requests in it the app
     /// has not started if the loop blocks midway ([`PyQueue::take_unstarted`]).
     taken: Mutex<VecDeque<Event>>,
+    /// Single-thread mode (`loop_mode = "single"`): the loop's selector
+    /// runs the runtime on this same thread and waits on [`PyQueue::waiter`]
+    /// instead of the eventfd, which is never written.
+    single: bool,
+    /// In single mode, the selector's wait (`server::single`) while it is
+    /// pending: announcing events wakes it.
+    waiter: Mutex<Option<Waker>>,
 }
 
 impl PyQueue {
     /// Creates the queue and its non-blocking eventfd.
     ///
     /// Errors: the `eventfd(2)` failure (e.g. `EMFILE`).
-    pub(crate) fn new(batching: bool) -> std::io::Result<Self> {
+    /// `single`: announce events to [`PyQueue::set_waiter`]'s waker instead
+    /// of the eventfd (one thread runs both sides).
+    pub(crate) fn new(batching: bool, single: bool) -> std::io::Result<Self> {
         let efd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         Ok(Self {
             events: Mutex::new(Vec::with_capacity(256)),
@@ -112,6 +122,8 @@ impl PyQueue {
             pending_logs: AtomicUsize::new(0),
             dropped_logs: AtomicUsize::new(0),
             taken: Mutex::new(VecDeque::with_capacity(256)),
+            single,
+            waiter: Mutex::new(None),
         })
     }
 
@@ -141,7 +153,32 @@ impl PyQueue {
         }
     }
 
+    /// Whether events wait to be taken (single mode's selector checks it
+    /// before it waits).
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.lock().is_empty()
+    }
+
+    /// Single mode: `waker` is woken when events are next announced.
+    pub(crate) fn set_waiter(&self, waker: &Waker) {
+        let mut w = self.waiter.lock();
+        match &*w {
+            Some(old) if old.will_wake(waker) => {}
+            _ => *w = Some(waker.clone()),
+        }
+    }
+
     fn notify(&self) {
+        if self.single {
+            // Same thread: the selector's wait is woken (a runtime unpark),
+            // once per batch as below.
+            if !self.notified.swap(true, Ordering::Relaxed) {
+                if let Some(w) = self.waiter.lock().take() {
+                    w.wake();
+                }
+            }
+            return;
+        }
         if !self.notified.swap(true, Ordering::SeqCst) {
             // EAGAIN only if the counter would overflow, which needs 2^64
             // unread writes: the reader is already woken in that case.
@@ -176,7 +213,9 @@ impl PyQueue {
     /// loop again: no event is ever left without a wakeup.
     pub(crate) fn take_into(&self, out: &mut Vec<Event>) {
         debug_assert!(out.is_empty());
-        let _ = self.efd.read();
+        if !self.single {
+            let _ = self.efd.read();
+        }
         self.notified.store(false, Ordering::SeqCst);
         std::mem::swap(&mut *self.events.lock(), out);
     }
@@ -231,7 +270,7 @@ mod tests {
 
     #[test]
     fn unbatched_push_notifies_once_until_drained() {
-        let q = PyQueue::new(false).unwrap();
+        let q = PyQueue::new(false, false).unwrap();
         q.push(Event::ReopenLogs);
         q.push(Event::ReopenLogs);
         assert!(pending(&q));
@@ -248,7 +287,7 @@ mod tests {
 
     #[test]
     fn batched_push_waits_for_flush_or_threshold() {
-        let q = PyQueue::new(true).unwrap();
+        let q = PyQueue::new(true, false).unwrap();
         q.push(Event::ReopenLogs);
         assert!(!pending(&q), "batched: no wakeup per push");
         q.flush();
@@ -266,7 +305,7 @@ mod tests {
 
     #[test]
     fn flush_of_an_empty_queue_does_nothing() {
-        let q = PyQueue::new(true).unwrap();
+        let q = PyQueue::new(true, false).unwrap();
         q.flush();
         assert!(!pending(&q));
     }

@@ -13,6 +13,10 @@
 //!
 //! The handover notifies a single dispatcher task, which wakes every pending
 //! task from inside the runtime, where a wake is a queue push.
+//!
+//! In single-thread mode (`loop_mode = "single"`) nothing is scheduled:
+//! the loop's selector runs the runtime itself and wakes what is pending at
+//! the start of each turn ([`Wakeups::wake_pending`]), from inside it.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +36,6 @@ thread_local! {
 ///
 /// Bounded: each waiting Tokio task has at most one waker stored in its
 /// exchange, and it is moved (not cloned) here.
-#[derive(Default)]
 pub(crate) struct Wakeups {
     wakers: Mutex<Vec<Waker>>,
     /// The dispatcher was notified and has not taken the batch yet.
@@ -48,6 +51,8 @@ pub(crate) struct Wakeups {
     /// thread's allocator cache for the next request's read instead of
     /// crossing threads (bench/NOTES.md, entry 23).
     spent: Mutex<Vec<http::request::Parts>>,
+    /// Single-thread mode: see the module docs.
+    single: bool,
 }
 
 /// Calls [`Wakeups::flush`]; what `loop.call_soon` runs.
@@ -63,6 +68,29 @@ impl Flusher {
 }
 
 impl Wakeups {
+    /// Wakeups for two threads, or for one (`single`: see the module docs).
+    pub(crate) fn new(single: bool) -> Self {
+        Self {
+            wakers: Mutex::default(),
+            scheduled: AtomicBool::new(false),
+            notify: Notify::new(),
+            call_soon: OnceLock::new(),
+            flush_pending: AtomicBool::new(false),
+            spent: Mutex::default(),
+            single,
+        }
+    }
+
+    /// Single mode: wakes every task Python woke since the last turn (the
+    /// selector, inside the runtime, where a wake is a local queue push).
+    pub(crate) fn wake_pending(&self) {
+        // A wake here only pushes onto the runtime's local queue: nothing
+        // re-enters this lock.
+        for waker in self.wakers.lock().drain(..) {
+            waker.wake();
+        }
+    }
+
     /// Connects the wakeups to the asyncio loop that schedules flushes.
     pub(crate) fn attach_loop(
         self: &Arc<Self>,
@@ -79,7 +107,10 @@ impl Wakeups {
     /// asyncio thread only.
     pub(crate) fn wake(&self, waker: Waker) {
         self.wakers.lock().push(waker);
-        if DEFERRED.with(Cell::get) || self.flush_pending.swap(true, Ordering::Relaxed) {
+        if self.single
+            || DEFERRED.with(Cell::get)
+            || self.flush_pending.swap(true, Ordering::Relaxed)
+        {
             return;
         }
         let scheduled = self.call_soon.get().is_some_and(|(call_soon, flusher)| {
@@ -101,7 +132,8 @@ impl Wakeups {
     /// batch's wakes; outside a batch it is dropped here. Bounded: only a
     /// batch pushes, and the batch's end hands them over.
     pub(crate) fn retire(&self, parts: http::request::Parts) {
-        if DEFERRED.with(Cell::get) {
+        // One thread: dropped here, where it was allocated.
+        if !self.single && DEFERRED.with(Cell::get) {
             self.spent.lock().push(parts);
         }
     }

@@ -82,6 +82,12 @@ pub struct Config {
     pub max_connections: usize,
     /// Worker threads of the Tokio runtime; 1 = a current-thread runtime.
     pub tokio_threads: usize,
+    /// `loop_mode`: `true` ("single") runs the Tokio current-thread runtime
+    /// inside the asyncio loop's selector on one thread (`server::single`);
+    /// `false` ("dual", the default) runs Tokio and asyncio on two threads.
+    /// Single mode has no loop watchdog (`loop_stall_timeout` reads as 0):
+    /// a blocked loop blocks the Tokio side with it.
+    pub single_thread: bool,
     /// Request bodies with a `Content-Length` up to this many bytes are read
     /// before the app starts, so the first `receive()` completes at once.
     /// 0 disables. Default 64 KiB.
@@ -237,6 +243,7 @@ impl Default for Config {
             max_requests: 0,
             max_connections: 10_000,
             tokio_threads: 1,
+            single_thread: false,
             body_prefetch: 64 * 1024,
             body_chunk_size: 64 * 1024,
             body_buffer: 256 * 1024,
@@ -334,6 +341,12 @@ impl Config {
                 )));
             }
         }
+        if c.single_thread {
+            // One thread: nothing runs while the loop is blocked, so there
+            // is nobody to watch it; one Tokio thread, the loop's own.
+            c.loop_stall_timeout = Duration::ZERO;
+            c.tokio_threads = 1;
+        }
         if !c.drain_delay.is_zero() && c.drain_delay >= c.graceful_timeout {
             return Err(PyValueError::new_err(format!(
                 "drain_delay ({:?}) must be shorter than graceful_timeout ({:?}): the worker \
@@ -371,6 +384,7 @@ impl Config {
             "max_requests" => c.max_requests = count(v, key)?,
             "max_connections" => c.max_connections = count(v, key)?,
             "tokio_threads" => c.tokio_threads = count::<usize>(v, key)?.max(1),
+            "loop_mode" => c.single_thread = choice(v, key, &["dual", "single"])? == "single",
             "body_prefetch" => c.body_prefetch = count(v, key)?,
             "body_chunk_size" => c.body_chunk_size = count::<usize>(v, key)?.max(1),
             "body_buffer" => c.body_buffer = count::<usize>(v, key)?.max(1),

@@ -9,6 +9,7 @@ pub(crate) mod cert_name;
 pub(crate) mod listen;
 pub(crate) mod run;
 pub(crate) mod runtime;
+pub(crate) mod single;
 pub(crate) mod tls;
 
 use std::sync::Arc;
@@ -53,6 +54,9 @@ pub struct Server {
     log_threshold: u8,
     /// HTTP/3's QUIC TLS configuration, when `http3` is on.
     h3: Option<Arc<crate::proto::h3::Setup>>,
+    /// Single-thread mode's runtime, from [`Server::start`] to
+    /// [`Server::finish`].
+    single: Mutex<Option<Arc<single::Single>>>,
 }
 
 #[pymethods]
@@ -120,6 +124,7 @@ impl Server {
             scratch: Mutex::new(Vec::with_capacity(256)),
             log_threshold,
             h3,
+            single: Mutex::new(None),
         })
     }
 
@@ -224,6 +229,11 @@ impl Server {
     /// Raises `StartupFailed` if lifespan startup fails (the worker should
     /// exit with Gunicorn's boot-error code 3), `OSError` for a bad socket.
     fn serve(&self, py: Python<'_>, listeners: Vec<(i32, String)>) -> PyResult<()> {
+        if self.shared.config.single_thread {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "loop_mode single: use start(), the loop's selector, then finish()",
+            ));
+        }
         let listeners = listeners
             .into_iter()
             .map(|(fd, kind)| listen::StdListener::from_fd(fd, &kind))
@@ -235,11 +245,71 @@ impl Server {
         logging::uninstall();
         // Make sure the final drain (scheduled by the caller) sees them.
         self.shared.queue.flush();
-        match res {
-            Ok(()) => Ok(()),
-            Err(run::RunError::Startup(msg)) => Err(StartupFailed::new_err(msg)),
-            Err(run::RunError::Io(e)) => Err(e.into()),
+        run_result(res)
+    }
+
+    /// Single-thread mode (`loop_mode` "single", see `server::single`):
+    /// builds the runtime and queues the server's main task, which runs
+    /// inside [`Server::turn`], called by the loop's selector. `listeners`
+    /// as for [`Server::serve`].
+    ///
+    /// Raises `RuntimeError` in dual mode or when already started,
+    /// `OSError` for a bad socket or if the runtime cannot be built.
+    fn start(&self, listeners: Vec<(i32, String)>) -> PyResult<()> {
+        if !self.shared.config.single_thread {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "start() is for loop_mode single; use serve()",
+            ));
         }
+        let mut slot = self.single.lock();
+        if slot.is_some() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err("already started"));
+        }
+        let listeners = listeners
+            .into_iter()
+            .map(|(fd, kind)| listen::StdListener::from_fd(fd, &kind))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let rt = runtime::current_thread(&self.shared)?;
+        self.shared.signals.attach(rt.handle().clone());
+        logging::install(&self.shared.queue, self.log_threshold);
+        let main = run::run(Arc::clone(&self.ctx), listeners);
+        *slot = Some(Arc::new(single::Single::new(rt, main)));
+        Ok(())
+    }
+
+    /// Single mode: runs the runtime until a Python fd of the selector's
+    /// epoll `epfd` is ready, events wait for [`Server::drain`], `timeout`
+    /// seconds passed (`None`: no bound) or the server ended; without the
+    /// GIL. Returns bits: 1 events for `drain`, 2 `epfd` readable, 4 the
+    /// server ended (stop the loop, then call [`Server::finish`]).
+    ///
+    /// Raises `RuntimeError` when not started, `OSError` if `epfd` cannot
+    /// be registered.
+    #[pyo3(signature = (epfd, timeout=None))]
+    fn turn(&self, py: Python<'_>, epfd: i32, timeout: Option<f64>) -> PyResult<u8> {
+        let Some(single) = self.single.lock().clone() else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err("not started"));
+        };
+        let timeout = timeout.map(|t| std::time::Duration::from_secs_f64(t.clamp(0.0, 1e6)));
+        let shared = &*self.shared;
+        Ok(py.detach(|| single.turn(shared, epfd, timeout))?)
+    }
+
+    /// Single mode: ends the server (a quick stop if it still runs), shuts
+    /// the runtime down; the loop's selector then waits on its own.
+    ///
+    /// Raises `StartupFailed` if lifespan startup failed, `OSError` for a
+    /// socket error, `RuntimeError` when not started or called from a turn.
+    fn finish(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(single) = self.single.lock().take() else {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err("not started"));
+        };
+        let single = Arc::try_unwrap(single)
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("finish() inside a turn"))?;
+        let shared = &*self.shared;
+        let res = py.detach(|| single.finish(shared));
+        logging::uninstall();
+        run_result(res)
     }
 
     /// Cancels every application task still suspended (at shutdown, on the
@@ -264,6 +334,14 @@ impl Server {
     /// Sets `hook(name)`, called on SIGINT, SIGQUIT and SIGABRT (once).
     fn set_signal_hook(&self, hook: Py<PyAny>) {
         let _ = self.shared.signal_hook.set(hook);
+    }
+
+    /// Calls the signal hook (if set) with `name`: single mode's Python-level
+    /// SIGABRT handler, which runs while the app blocks the loop (and so
+    /// the runtime).
+    fn call_signal_hook(&self, py: Python<'_>, name: &str) {
+        let _ = py;
+        self.shared.signal_hook(name);
     }
 
     /// Sets `dispatch(signum)`, called on the loop's thread (from
@@ -299,5 +377,13 @@ impl Server {
         } else {
             Stop::Graceful("requested")
         });
+    }
+}
+
+fn run_result(res: Result<(), run::RunError>) -> PyResult<()> {
+    match res {
+        Ok(()) => Ok(()),
+        Err(run::RunError::Startup(msg)) => Err(StartupFailed::new_err(msg)),
+        Err(run::RunError::Io(e)) => Err(e.into()),
     }
 }

@@ -20,14 +20,7 @@ use crate::worker::Worker;
 fn build(shared: &Arc<Worker>) -> io::Result<Runtime> {
     let threads = shared.config.tokio_threads;
     if threads <= 1 {
-        let s = Arc::clone(shared);
-        Builder::new_current_thread()
-            .enable_all()
-            .on_thread_park(move || {
-                s.queue.flush();
-                s.trim.maybe_trim();
-            })
-            .build()
+        current_thread(shared)
     } else {
         Builder::new_multi_thread()
             .worker_threads(threads)
@@ -35,6 +28,20 @@ fn build(shared: &Arc<Worker>) -> io::Result<Runtime> {
             .enable_all()
             .build()
     }
+}
+
+/// The current-thread runtime: on its own thread (dual mode) or driven by
+/// the asyncio loop's selector (single mode, `server::single`). Either way
+/// events for Python are announced when it is about to park.
+pub(crate) fn current_thread(shared: &Arc<Worker>) -> io::Result<Runtime> {
+    let s = Arc::clone(shared);
+    Builder::new_current_thread()
+        .enable_all()
+        .on_thread_park(move || {
+            s.queue.flush();
+            s.trim.maybe_trim();
+        })
+        .build()
 }
 
 /// Builds the runtime and serves until the server stops.

@@ -91,7 +91,10 @@ impl Worker {
         };
         let tracker = TaskTracker::new();
         // One Tokio thread: announce events when it parks (see PyQueue).
-        let queue = Arc::new(PyQueue::new(config.tokio_threads <= 1)?);
+        let queue = Arc::new(PyQueue::new(
+            config.tokio_threads <= 1,
+            config.single_thread,
+        )?);
         let watchdog = watchdog::Watchdog::new(config.loop_stall_timeout);
         let health = health::Health::new(config.health_path.clone());
         let concurrency = concurrency::Concurrency::new(config.limit_concurrency);
@@ -108,10 +111,11 @@ impl Worker {
             })?,
             None => crate::metrics::Recorder::default(),
         };
+        let wakeups = Arc::new(Wakeups::new(config.single_thread));
         Ok(Self {
             config,
             queue,
-            wakeups: Arc::new(Wakeups::default()),
+            wakeups,
             dispatched: AtomicU64::new(0),
             stop: watch::channel(None).0,
             connections: Connections::default(),

@@ -1,0 +1,144 @@
+"""``loop_mode single``: the asyncio loop and the Tokio runtime on one
+thread (rust/src/server/single.rs, skirr.serve.TokioSelector). Each test
+pins the mode on the command line (or for Gunicorn in the environment), so
+the file means the same whatever ``SKIRR_LOOP_MODE`` the suite runs with;
+the rest of the suite runs in single mode with ``SKIRR_LOOP_MODE=single``."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from harness import RawConn, gunicorn, request, skirr, wait_until
+from websockets.sync.client import connect
+
+APP = "apps.loop_mode_app:app"
+SINGLE = ("--loop-mode", "single", "--loop", "asyncio")
+
+
+def get_json(port: int, path: str) -> dict:
+    r = request(port, "GET", path)
+    assert r.status == 200, r
+    return json.loads(r.body)
+
+
+@pytest.fixture(scope="module")
+def single():
+    with skirr(APP, *SINGLE, "--no-access-log") as s:
+        yield s
+
+
+def test_single_mode_runs_one_thread_with_tokio_in_the_selector(single):
+    info = get_json(single.port, "/info")
+    assert info["thread"] == "MainThread"
+    assert info["os_threads"] == 1
+    assert info["selector"] == "TokioSelector"
+    assert "SelectorEventLoop" in "".join(info["loop"])
+    assert info["task"] == "Task"
+    assert request(single.port, "GET", "/").body == b"ok"
+
+
+def test_dual_mode_is_two_threads():
+    with skirr(APP, "--loop-mode", "dual", "--loop", "asyncio", "--no-access-log") as s:
+        info = get_json(s.port, "/info")
+        assert info["thread"] == "skirr-asyncio"
+        assert info["os_threads"] == 2
+
+
+def test_keep_alive_requests_and_concurrent_clients(single):
+    with RawConn(single.port) as c:
+        for _ in range(20):
+            c.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            r = c.read_response()
+            assert r.status == 200 and r.body == b"ok"
+    results = []
+
+    def one():
+        results.append(request(single.port, "GET", "/").body)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [b"ok"] * 16
+
+
+def test_streaming_response(single):
+    r = request(single.port, "GET", "/stream?20")
+    assert r.status == 200
+    assert r.body == b"".join(b"chunk %d\n" % i for i in range(20))
+
+
+def test_websocket_echo(single):
+    with connect(f"ws://127.0.0.1:{single.port}/echo", open_timeout=10, close_timeout=5) as ws:
+        for i in range(50):
+            ws.send(f"message {i}")
+            assert ws.recv(timeout=5) == f"message {i}"
+        ws.send(b"\x00\x01" * 5000)
+        assert ws.recv(timeout=5) == b"\x00\x01" * 5000
+
+
+def test_contextvars_are_isolated_per_request(single):
+    results = {}
+
+    def one(i):
+        results[i] = get_json(single.port, f"/contextvar?{i}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == {i: {"before": None, "after": str(i)} for i in range(10)}
+
+
+def test_task_factory_is_used():
+    with skirr(APP, *SINGLE, "--no-access-log") as s:
+        before = int(request(s.port, "GET", "/factory?on").body)
+        assert get_json(s.port, "/info")["task"] == "Task"
+        after = int(request(s.port, "GET", "/factory?off").body)
+        assert after >= before + 2, (before, after)
+
+
+def test_thread_pool_work_and_its_wakeup(single):
+    # The executor thread needs the GIL while the loop waits in a turn, and
+    # its result reaches the loop through call_soon_threadsafe's self-pipe.
+    r = request(single.port, "GET", "/executor")
+    assert r.status == 200 and r.body.startswith(b"asyncio_")
+
+
+def test_sigterm_stops_the_server_cleanly():
+    with skirr(APP, *SINGLE) as s:
+        assert request(s.port, "GET", "/").status == 200
+        assert s.stop() == 0
+        assert "Shut down" in s.logs()
+
+
+def test_uvloop_asked_for_falls_back_to_dual_with_a_warning():
+    pytest.importorskip("uvloop")
+    with skirr(APP, "--loop-mode", "single", "--loop", "uvloop", "--no-access-log") as s:
+        info = get_json(s.port, "/info")
+        assert info["os_threads"] == 2
+        assert "running loop_mode dual" in s.logs()
+
+
+def test_gunicorn_heartbeat_keeps_a_long_request_alive():
+    with gunicorn(APP, "-w", "1", "--timeout", "2", env={"SKIRR_LOOP_MODE": "single", "SKIRR_LOOP": "asyncio"}) as g:
+        before = int(request(g.port, "GET", "/pid").body)
+        assert get_json(g.port, "/info")["os_threads"] == 1
+        r = request(g.port, "GET", "/sleep?4")
+        assert r.status == 200 and r.body == b"slept"
+        assert int(request(g.port, "GET", "/pid").body) == before
+
+
+def test_gunicorn_timeout_replaces_a_worker_whose_loop_blocks():
+    with gunicorn(APP, "-w", "1", "--timeout", "2", env={"SKIRR_LOOP_MODE": "single", "SKIRR_LOOP": "asyncio"}) as g:
+        before = int(request(g.port, "GET", "/pid").body)
+        with RawConn(g.port, timeout=15) as c:
+            c.send(b"GET /block?30 HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.is_closed(timeout=14), "the stuck worker must be killed"
+        after = wait_until(lambda: int(request(g.port, "GET", "/pid").body), timeout=15, what="a new worker")
+        assert after != before
+        assert "WORKER TIMEOUT" in g.logs()
