@@ -182,16 +182,15 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
 class TokioSelector(selectors.EpollSelector):
     """The selector of single mode: an epoll selector whose ``select()``
     runs the server's Tokio runtime while it waits (``Server.turn``). The
-    runtime reports the epoll fd readable, the bridge queue's events (the
-    server's ``event_fd`` reader is then reported ready: ``Server.drain``
-    runs), or the timeout; Python's epoll is then read without waiting.
+    turn ends when the epoll fd is readable (Python's epoll is then read
+    without waiting), when requests wait for the app (``Server.drain`` runs
+    inside the turn: their tasks are stepped there), or at the timeout.
     Without a server attached (before ``start``, after ``finish``) it is a
     plain ``EpollSelector``."""
 
     def __init__(self) -> None:
         super().__init__()
         self._turn: Callable[[int, float | None], int] | None = None
-        self._event_fd = -1
         self._on_finished: Callable[[], None] = lambda: None
         #: The last read of the epoll returned events: read it again before
         #: waiting (a level-triggered fd its callback did not drain stays
@@ -200,7 +199,6 @@ class TokioSelector(selectors.EpollSelector):
 
     def attach(self, server: Server, on_finished: Callable[[], None]) -> None:
         self._turn = server.turn
-        self._event_fd = server.event_fd
         self._on_finished = on_finished
 
     def detach(self) -> None:
@@ -215,10 +213,6 @@ class TokioSelector(selectors.EpollSelector):
         if flags & 2 and not ready:
             ready = super().select(0)
         self._again = bool(ready)
-        if flags & 1:
-            key = self.get_map().get(self._event_fd)
-            if key is not None:
-                ready.append((key, selectors.EVENT_READ))
         if flags & 4:
             self._turn = None
             self._on_finished()

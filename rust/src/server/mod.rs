@@ -280,8 +280,9 @@ impl Server {
     /// Single mode: runs the runtime until a Python fd of the selector's
     /// epoll `epfd` is ready, events wait for [`Server::drain`], `timeout`
     /// seconds passed (`None`: no bound) or the server ended; without the
-    /// GIL. Returns bits: 1 events for `drain`, 2 `epfd` readable, 4 the
-    /// server ended (stop the loop, then call [`Server::finish`]).
+    /// GIL; events for Python are then handled ([`Server::drain`]) before
+    /// it returns. Returns bits: 2 `epfd` readable, 4 the server ended
+    /// (stop the loop, then call [`Server::finish`]).
     ///
     /// Raises `RuntimeError` when not started, `OSError` if `epfd` cannot
     /// be registered.
@@ -292,7 +293,13 @@ impl Server {
         };
         let timeout = timeout.map(|t| std::time::Duration::from_secs_f64(t.clamp(0.0, 1e6)));
         let shared = &*self.shared;
-        Ok(py.detach(|| single.turn(shared, epfd, timeout))?)
+        let flags = py.detach(|| single.turn(shared, epfd, timeout))?;
+        if flags & single::EVENTS != 0 {
+            // Handled here, with the GIL this thread holds again: the loop
+            // need not dispatch the eventfd's reader for it.
+            self.drain(py);
+        }
+        Ok(flags & !single::EVENTS)
     }
 
     /// Single mode: ends the server (a quick stop if it still runs), shuts
