@@ -139,6 +139,12 @@ impl Wakeups {
     }
 
     fn flush(&self) {
+        // Single mode: the next turn wakes them from inside the runtime;
+        // kicking the dispatcher from here (outside it) would cost a
+        // remote schedule and an unpark (an eventfd write) per batch.
+        if self.single {
+            return;
+        }
         if !self.wakers.lock().is_empty() || !self.spent.lock().is_empty() {
             self.kick();
         }
