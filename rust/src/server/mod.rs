@@ -13,6 +13,7 @@ pub(crate) mod single;
 pub(crate) mod tls;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -278,11 +279,13 @@ impl Server {
     }
 
     /// Single mode: runs the runtime until a Python fd of the selector's
-    /// epoll `epfd` is ready, events wait for [`Server::drain`], `timeout`
-    /// seconds passed (`None`: no bound) or the server ended; without the
-    /// GIL; events for Python are then handled ([`Server::drain`]) before
-    /// it returns. Returns bits: 2 `epfd` readable, 4 the server ended
-    /// (stop the loop, then call [`Server::finish`]).
+    /// epoll `epfd` is ready, `timeout` seconds passed (`None`: no bound)
+    /// or the server ended; without the GIL. Events for Python are handled
+    /// ([`Server::drain`]) as they come, with the GIL; after a drain the
+    /// turn goes on (the loop would only call `select()` again) unless the
+    /// drain gave the loop work: a ready callback, a new timer, or a stop.
+    /// Returns bits: 2 `epfd` readable, 4 the server ended (stop the loop,
+    /// then call [`Server::finish`]).
     ///
     /// Raises `RuntimeError` when not started, `OSError` if `epfd` cannot
     /// be registered.
@@ -291,15 +294,29 @@ impl Server {
         let Some(single) = self.single.lock().clone() else {
             return Err(pyo3::exceptions::PyRuntimeError::new_err("not started"));
         };
-        let timeout = timeout.map(|t| std::time::Duration::from_secs_f64(t.clamp(0.0, 1e6)));
+        let timeout = timeout.map(|t| Duration::from_secs_f64(t.clamp(0.0, 1e6)));
+        let deadline = timeout.map(|t| Instant::now() + t);
         let shared = &*self.shared;
-        let flags = py.detach(|| single.turn(shared, epfd, timeout))?;
-        if flags & single::EVENTS != 0 {
+        let ev_loop = self.ctx.event_loop.bind(py);
+        let mut timers = None;
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let flags = py.detach(|| single.turn(shared, epfd, left))?;
+            if flags & single::EVENTS == 0 {
+                return Ok(flags);
+            }
+            let before = match timers {
+                Some(n) => n,
+                None => *timers.insert(pending_timers(ev_loop)),
+            };
             // Handled here, with the GIL this thread holds again: the loop
             // need not dispatch the eventfd's reader for it.
             self.drain(py);
+            let rest = flags & !single::EVENTS;
+            if rest != 0 || left == Some(Duration::ZERO) || !loop_idle(ev_loop, before) {
+                return Ok(rest);
+            }
         }
-        Ok(flags & !single::EVENTS)
     }
 
     /// Single mode: ends the server (a quick stop if it still runs), shuts
@@ -393,4 +410,32 @@ fn run_result(res: Result<(), run::RunError>) -> PyResult<()> {
         Err(run::RunError::Startup(msg)) => Err(StartupFailed::new_err(msg)),
         Err(run::RunError::Io(e)) => Err(e.into()),
     }
+}
+
+/// How many timers the asyncio loop has scheduled (`loop._scheduled`; a
+/// loop without it counts as `usize::MAX`, never idle).
+fn pending_timers(ev_loop: &Bound<'_, PyAny>) -> usize {
+    ev_loop
+        .getattr(pyo3::intern!(ev_loop.py(), "_scheduled"))
+        .and_then(|s| s.len())
+        .unwrap_or(usize::MAX)
+}
+
+/// Whether a drain left the asyncio loop nothing to do before its next
+/// `select()`: no ready callback, no timer added since (`timers` before
+/// the drain), no stop requested. Any doubt (a loop without these
+/// attributes) answers no.
+fn loop_idle(ev_loop: &Bound<'_, PyAny>, timers: usize) -> bool {
+    let py = ev_loop.py();
+    let ready = ev_loop
+        .getattr(pyo3::intern!(py, "_ready"))
+        .and_then(|r| r.len())
+        .is_ok_and(|n| n == 0);
+    ready
+        && timers != usize::MAX
+        && pending_timers(ev_loop) == timers
+        && ev_loop
+            .getattr(pyo3::intern!(py, "_stopping"))
+            .and_then(|s| s.is_truthy())
+            .is_ok_and(|s| !s)
 }
