@@ -13,7 +13,8 @@
 //! a folder):
 //!
 //! ```text
-//! server/     composition root: Server, run, listen, accept, tls, runtime
+//! server/     composition root: Server, run, listen, accept, tls, runtime,
+//!             single (loop_mode single)
 //! proto/      wire-protocol drivers: h1/, h2/, h3/, ws/ (none uses another;
 //!             ws/ also answers the handshake),
 //!             mod.rs picks one, dispatch.rs routes a request

@@ -304,6 +304,29 @@ mod tests {
     }
 
     #[test]
+    fn single_mode_wakes_the_waiter_not_the_eventfd() {
+        struct Flag(AtomicBool);
+        impl std::task::Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let q = PyQueue::new(true, true).unwrap();
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        q.set_waiter(&Waker::from(Arc::clone(&flag)));
+        q.push(Event::ReopenLogs);
+        assert!(q.has_events());
+        assert!(!flag.0.load(Ordering::SeqCst), "batched until the park");
+        q.flush();
+        assert!(flag.0.load(Ordering::SeqCst), "the park wakes the turn");
+        assert!(!pending(&q), "the eventfd is never written");
+        let mut out = Vec::new();
+        q.take_into(&mut out);
+        assert_eq!(out.len(), 1);
+        assert!(!q.has_events());
+    }
+
+    #[test]
     fn flush_of_an_empty_queue_does_nothing() {
         let q = PyQueue::new(true, false).unwrap();
         q.flush();
