@@ -273,7 +273,7 @@ impl Server {
         let rt = runtime::current_thread(&self.shared)?;
         self.shared.signals.attach(rt.handle().clone());
         logging::install(&self.shared.queue, self.log_threshold);
-        let main = run::run(Arc::clone(&self.ctx), listeners);
+        let main = run::run(Arc::clone(&self.ctx), listeners, self.h3.clone());
         *slot = Some(Arc::new(single::Single::new(rt, main)));
         Ok(())
     }
