@@ -20,6 +20,9 @@ to stop:
   gets the worker replaced, as with Gunicorn's other workers.
 * Settings: see :mod:`skirr.gunicorn_settings` (which apply, which are
   warned about, which stop the boot).
+* HTTP/3 (``skirr_http3``): the master binds the UDP sockets whose
+  packets a BPF program steers to the worker owning each connection, when
+  it constructs its first worker (see :mod:`skirr.h3steer`).
 * ``metrics_bind``: the master binds the metrics listener and creates the
   shared table when it constructs its first worker, before the fork (see
   :mod:`skirr.metrics`); every worker serves the whole table.
@@ -38,7 +41,7 @@ from typing import Any
 import gunicorn
 from gunicorn.workers.base import Worker
 
-from skirr import config, gunicorn_settings, metrics
+from skirr import config, gunicorn_settings, h3steer, metrics
 from skirr._skirr import StartupFailed
 from skirr.asgi import AppLoadError, app_traceback, as_asgi3
 from skirr.serve import GUNICORN_SIGNALS, serve
@@ -264,11 +267,18 @@ class RustWorker(Worker):
         # stops the master with the message, as other option errors do.
         self._metrics: metrics.Exposition | None = None
         self._metrics_error: str | None = None
+        # HTTP/3 under a master: its UDP sockets and lock file, made here
+        # once per master and inherited (skirr.h3steer).
+        self._h3_steer: tuple | None = None
         try:
             fallback = gunicorn_settings.fallback(self.cfg, self.max_requests)
-            bind = config.resolve(fallback=fallback, only=("metrics_bind",))["metrics_bind"]
-            if bind:
-                self._metrics = metrics.exposition(bind, "metrics_bind", self.log)
+            early = config.resolve(fallback=fallback, only=("metrics_bind", "http3", "http3_port"))
+            if early["metrics_bind"]:
+                self._metrics = metrics.exposition(early["metrics_bind"], "metrics_bind", self.log)
+            if early["http3"]:
+                self._h3_steer = h3steer.prepare(
+                    self.sockets, early["http3_port"], self.cfg.workers, self.cfg.worker_tmp_dir, self.log
+                )
         except config.ConfigError as e:
             self._metrics_error = str(e)
 
@@ -362,6 +372,8 @@ class RustWorker(Worker):
         extra: dict[str, Any] = {}
         if self._recycle_fd is not None and values["max_requests"] > 0:
             extra["recycle_lock_fd"] = self._recycle_fd
+        if self._h3_steer is not None:
+            extra["http3_steer"] = h3steer.take(self._h3_steer)
         rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True, **extra)
         if self._metrics is not None:
             rust.update(self._metrics.rust_config())

@@ -110,7 +110,19 @@ fn _skirr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(pyo3::wrap_pyfunction!(metrics_table, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(config::effective_config, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(h3_steer_check, m)?)?;
     Ok(())
+}
+
+/// Attaches HTTP/3's packet-steering program (for an empty table) to the
+/// `SO_REUSEPORT` group of the bound UDP socket `fd`: the Gunicorn master
+/// calls it once, before forking, to learn whether steering works here.
+///
+/// Raises `OSError` naming the kernel's refusal.
+#[cfg(feature = "python")]
+#[pyfunction]
+fn h3_steer_check(fd: i32) -> PyResult<()> {
+    Ok(proto::h3::steer::check(fd)?)
 }
 
 /// Creates the shared metrics table (`metrics_bind`) in the process that

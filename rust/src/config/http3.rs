@@ -20,6 +20,20 @@ pub struct Http3 {
     /// SETTINGS_MAX_FIELD_SECTION_SIZE (RFC 9114 §7.2.4.1), bytes:
     /// `http2_max_header_list_size`, default 65536.
     pub max_field_section_size: u64,
+    /// Under a Gunicorn master (`http3_steer`, set by `skirr.RustWorker`):
+    /// the sockets it bound for packet steering (`proto::h3::steer`).
+    pub steer: Option<Steer>,
+}
+
+/// The master's UDP sockets for packet steering: a lock file, and per
+/// HTTP/3 address the K sockets of its `SO_REUSEPORT` group in bind order
+/// (descriptors inherited by fork, owned by the worker's core).
+#[derive(Clone, Debug)]
+pub struct Steer {
+    /// The lock file's descriptor.
+    pub lock_fd: i32,
+    /// One list of K socket descriptors per address.
+    pub groups: Vec<Vec<i32>>,
 }
 
 impl Default for Http3 {
@@ -28,6 +42,7 @@ impl Default for Http3 {
             port: None,
             max_concurrent_streams: 100,
             max_field_section_size: 65536,
+            steer: None,
         }
     }
 }
@@ -37,6 +52,7 @@ impl Default for Http3 {
 pub(super) struct Options {
     on: bool,
     port: u16,
+    steer: Option<Steer>,
 }
 
 impl Options {
@@ -48,6 +64,11 @@ impl Options {
         match key {
             "http3" => self.on = v.extract()?,
             "http3_port" => self.port = count(v, key)?,
+            "http3_steer" => {
+                self.steer = v
+                    .extract::<Option<(i32, Vec<Vec<i32>>)>>()?
+                    .map(|(lock_fd, groups)| Steer { lock_fd, groups })
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -61,6 +82,7 @@ impl Options {
             port: (self.port != 0).then_some(self.port),
             max_concurrent_streams: h2.max_concurrent_streams,
             max_field_section_size: u64::from(h2.max_header_list_size),
+            steer: self.steer,
         })
     }
 }

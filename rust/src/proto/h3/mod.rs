@@ -1,9 +1,11 @@
 //! The HTTP/3 driver (RFC 9114) on `h3` + `h3-quinn` + `quinn`.
 //!
-//! Each worker binds its own UDP socket beside each TCP listener (same
-//! address; the port of the listener or `http3_port`) with `SO_REUSEPORT`,
-//! so that Gunicorn's workers share the port as they share the TCP one;
-//! the kernel spreads connections by address hash. A quinn endpoint on it
+//! Each worker serves a UDP socket beside each TCP listener (same address;
+//! the port of the listener or `http3_port`) with `SO_REUSEPORT`, so that
+//! Gunicorn's workers share the port as they share the TCP one. Standalone
+//! the worker binds it; under a Gunicorn master it is one of the master's,
+//! and a BPF program steers each packet to the worker that owns its
+//! connection ([`steer`], [`bpf`], [`cid`]). A quinn endpoint on it
 //! accepts QUIC connections (TLS 1.3, ALPN `h3`, the worker's certificate);
 //! each request stream gets its own [`ConnCtx`] and goes through
 //! [`dispatch`](super::dispatch) like an HTTP/2 stream: its receiving half
@@ -21,7 +23,9 @@
 //! and send deadlines, WebSockets (RFC 9220).
 
 pub(crate) mod body;
+pub(crate) mod bpf;
 pub(crate) mod cid;
+pub(crate) mod steer;
 
 use std::future::poll_fn;
 use std::io;
@@ -78,13 +82,17 @@ pub(crate) fn bind(
         return Err(io::Error::other("HTTP/3 is off"));
     };
     let addr = SocketAddr::new(tcp.ip(), h3.port.unwrap_or(tcp.port()));
-    let socket = udp_socket(addr)
-        .map_err(|e| io::Error::new(e.kind(), format!("HTTP/3: cannot bind UDP {addr}: {e}")))?;
+    let socket = match steer::socket(addr, config)? {
+        Some(s) => s,
+        None => udp_socket(addr).map_err(|e| {
+            io::Error::new(e.kind(), format!("HTTP/3: cannot bind UDP {addr}: {e}"))
+        })?,
+    };
     let mut server = quinn::ServerConfig::with_crypto(Arc::clone(&setup.crypto) as _);
     server.transport_config(Arc::new(transport(config, h3)));
     let mut endpoint = quinn::EndpointConfig::default();
-    // The slot byte stays 0 until packets are steered by it (see `cid`).
-    endpoint.cid_generator(|| Box::new(cid::SlotCids::new(0)));
+    let slot = steer::slot();
+    endpoint.cid_generator(move || Box::new(cid::SlotCids::new(slot)));
     quinn::Endpoint::new(
         endpoint,
         Some(server),
@@ -147,6 +155,7 @@ pub(crate) async fn serve(
         alt_svc: None,
     });
     alt.set(true);
+    steer::serving(true);
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => match i {
@@ -176,6 +185,7 @@ pub(crate) async fn serve(
         ));
     }
     alt.set(false);
+    steer::serving(false);
     // Open connections drain (the server orders them). New ones the
     // kernel still sends to this socket are refused at once
     // (CONNECTION_REFUSED), so that their clients try again or fall back
@@ -305,6 +315,10 @@ async fn close_after_goaway(h3c: &mut H3Conn, qconn: &quinn::Connection) {
 
 /// Accepts request streams until the connection ends; see the module docs
 /// for idle and drain. Returns why it ended.
+///
+/// A drain sends GOAWAY allowing one more request, which the client may
+/// have in flight: requests are still accepted until none has been open
+/// for [`DRAIN_IDLE`], so that it is served rather than lost in the close.
 async fn drive(
     h3c: &mut H3Conn,
     qconn: &quinn::Connection,
@@ -316,23 +330,27 @@ async fn drive(
     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
     let keepalive = ctx.shared.config.keepalive_timeout;
     let mut draining = false;
+    let mut accepting = true;
     loop {
         let open = streams.open.load(Ordering::Relaxed);
-        if draining && open == 0 {
+        if draining && open == 0 && !accepting {
             close_after_goaway(h3c, qconn).await;
             return "drained";
         }
         let idle_left = (open == 0).then(|| {
             let since = streams.since_ms.load(Ordering::Relaxed);
-            let due = since + keepalive.as_millis() as u64;
+            let idle = if draining { DRAIN_IDLE } else { keepalive };
+            let due = since + idle.as_millis() as u64;
             Duration::from_millis(due.saturating_sub(clock_ms()))
         });
         tokio::select! {
-            r = h3c.accept() => match r {
+            r = h3c.accept(), if accepting => match r {
                 Ok(Some(resolver)) => {
                     let guard = StreamGuard::new(&streams);
                     tracker.spawn(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
                 }
+                // After our GOAWAY: no more requests; the open ones finish.
+                Ok(None) if draining => accepting = false,
                 Ok(None) => return "closed by the client",
                 Err(e) if e.is_h3_no_error() => return "closed",
                 Err(e) => {
@@ -342,8 +360,9 @@ async fn drive(
             },
             o = order_past(member, if draining { Order::Drain } else { Order::Serve }) => {
                 if o == Order::Drain {
-                    // GOAWAY: requests already accepted finish.
+                    // GOAWAY: requests already sent finish.
                     draining = true;
+                    streams.since_ms.store(clock_ms(), Ordering::Relaxed);
                     let _ = h3c.shutdown(1).await;
                 } else {
                     qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
@@ -351,9 +370,9 @@ async fn drive(
                 }
             }
             _ = streams.closed.notified(), if open > 0 => {}
-            _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() && !draining => {
+            _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() => {
                 close_after_goaway(h3c, qconn).await;
-                return "keep-alive idle timeout";
+                return if draining { "drained" } else { "keep-alive idle timeout" };
             }
         }
     }
