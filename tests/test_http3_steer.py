@@ -216,3 +216,41 @@ def test_sigkill_a_worker_new_connections_reach_live_ones(pki, tmp_path):
         answered = run(go(), 120)
         assert victim not in answered
         print(f"SIGKILL: 20 new connections answered in {time.monotonic() - t0:.2f}s")
+
+
+async def _rebind(c) -> object:
+    """NAT rebinding: the client's packets leave from a new UDP port (the
+    client does not know); returns the new transport, to close."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(("::", 0, 0, 0))
+    transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: c, sock=sock)
+    return transport
+
+
+def test_nat_rebinding_keeps_the_connection_on_its_worker(pki, tmp_path):
+    """Steering is by connection ID: a client whose address changes still
+    reaches its worker (the kernel's address hash would send most of these
+    to another of the 4)."""
+    with _h3_gunicorn(pki, tmp_path, 4) as g:
+        _all_serving(g, pki, 4)
+
+        async def go():
+            transports, answered = [], []
+            for _ in range(2):
+                async with h3_connect(g.port, pki["ca"]) as c:
+                    pid = int((await c.request("GET", "/pid")).body)
+                    for _ in range(5):
+                        transports.append(await _rebind(c))
+                        r = await c.request("POST", "/echo", body=b"m" * 5000)
+                        assert r.status == 200 and r.body == b"m" * 5000
+                        answered.append((pid, int((await c.request("GET", "/pid")).body)))
+            for t in transports:
+                t.close()
+            return answered
+
+        answered = run(go(), 120)
+        assert len(answered) == 10
+        assert all(a == b for a, b in answered), answered
