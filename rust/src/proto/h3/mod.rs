@@ -371,8 +371,14 @@ async fn drive(
             }
             _ = streams.closed.notified(), if open > 0 => {}
             _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() => {
+                if draining {
+                    // Every response was sent a while ago: close now.
+                    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
+                    qconn.close(quinn::VarInt::from_u32(0x100), b"");
+                    return "drained";
+                }
                 close_after_goaway(h3c, qconn).await;
-                return if draining { "drained" } else { "keep-alive idle timeout" };
+                return "keep-alive idle timeout";
             }
         }
     }
