@@ -37,12 +37,37 @@ def listening_socket(family: int = socket.AF_INET, path: str | None = None) -> s
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(path)
     else:
-        s = socket.socket(family, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0) if family == socket.AF_INET else ("::1", 0))
+        s = _tcp_with_free_udp_twin(family)
     s.listen(1024)
     s.set_inheritable(True)
     return s
+
+
+def _udp_port_free(family: int, addr: tuple) -> bool:
+    u = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        u.bind(addr)
+        return True
+    except OSError:
+        return False
+    finally:
+        u.close()
+
+
+def _tcp_with_free_udp_twin(family: int) -> socket.socket:
+    """A TCP socket on a kernel-chosen port whose UDP port of the same
+    number is free too: ``--http3`` binds it, and the kernel picks TCP and
+    UDP ephemeral ports independently (a client's UDP socket, e.g. an
+    aioquic client's, can hold the number a new TCP listener gets)."""
+    host = "127.0.0.1" if family == socket.AF_INET else "::1"
+    for _ in range(50):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        if _udp_port_free(family, s.getsockname()[:2]):
+            return s
+        s.close()
+    raise OSError("no port with both TCP and UDP free")
 
 
 @dataclass
