@@ -30,6 +30,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
+
+try:
+    from bench import quic  # imported as bench.run (bench/instructions.py)
+except ImportError:
+    import quic  # run as a script: bench/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -40,6 +46,9 @@ CLIENT_CPU = os.environ.get("BENCH_CLIENT_CPU", "1")
 # `--workers N` (N > 1): every server with N worker processes, servers and
 # load generator sharing every CPU (unless BENCH_*_CPU say otherwise).
 WORKERS = 1
+# `--skirr-python`: the interpreter of the `skirr` server (another build of
+# Skirr, e.g. a branch's test venv); None: the bench venv's.
+SKIRR_PY: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class Workload:
     expect_body: bytes | None = None
     expect_len: int | None = None
     hyper_path: str | None = None  # route on the pure-hyper ceiling, None = not applicable
-    proto: str = "h1"  # "h2": HTTP/2 over cleartext with prior knowledge, driven by h2load
+    proto: str = "h1"  # "h2": HTTP/2 over cleartext with prior knowledge, driven by h2load; "h3": by h3load
 
 
 WORKLOADS = {
@@ -66,6 +75,8 @@ WORKLOADS = {
         Workload(
             "h2_post_4k", "bench.apps:post_4k", "/", "POST", 4096, expect_body=b"4096", hyper_path="/", proto="h2"
         ),
+        Workload("h3_raw_get", "bench.apps:raw_get", "/", expect_body=b"Hello, world!", proto="h3"),
+        Workload("h3_post_4k", "bench.apps:post_4k", "/", "POST", 4096, expect_body=b"4096", proto="h3"),
     ]
 }
 
@@ -250,6 +261,8 @@ def one_h2_request(port: int, w: Workload, timeout: float = 5.0) -> tuple[int, b
 
 
 def verify(port: int, w: Workload) -> str | None:
+    if w.proto == "h3":
+        return quic.verify_h3(port, w)
     try:
         status, body = (one_h2_request if w.proto == "h2" else one_request)(port, w)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
@@ -397,7 +410,9 @@ class Cell:
     server: str
     workload: str
     connections: int
-    load: str = "wrk"  # "wrk" closed loop, "fixed" h2load --h1 --rps, "h2" h2load -m streams
+    # "wrk" closed loop, "fixed" h2load --h1 --rps, "h2" h2load -m streams,
+    # "h3" h3load -m streams, "h3fixed" h3load --rate
+    load: str = "wrk"
     streams: int = 1
     offered_rps: float | None = None
     runs: list = field(default_factory=list)
@@ -424,7 +439,7 @@ def with_workers(name: str, tmpl: str, n: int) -> str | None:
 
 
 def start_server(
-    name: str, w: Workload, port: int, venv: Path, websockets: bool = False, extra: str = ""
+    name: str, w: Workload, port: int, venv: Path, websockets: bool = False, extra: str = "", env: dict | None = None
 ) -> subprocess.Popen:
     tmpl = with_workers(name, SERVERS[name], WORKERS)
     if tmpl is None:
@@ -434,8 +449,9 @@ def start_server(
     if websockets:
         tmpl = tmpl.replace(" --no-ws", "")
     app = w.app
-    cmd = tmpl.format(py=venv / "bin" / "python", bin=venv / "bin", app=app, port=port, root=ROOT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    py = SKIRR_PY if name == "skirr" and SKIRR_PY else venv / "bin" / "python"
+    cmd = tmpl.format(py=py, bin=venv / "bin", app=app, port=port, root=ROOT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     return subprocess.Popen(
         ["taskset", "-c", SERVER_CPU, *shlex.split(cmd)],
         cwd=str(ROOT),
@@ -481,6 +497,9 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 def one_load(url: str, w: Workload, cell: Cell, duration: float) -> dict:
+    if cell.load in ("h3", "h3fixed"):
+        port = urlsplit(url).port or 0
+        return quic.run_h3load(port, w, cell.connections, cell.streams, duration, CLIENT_CPU, cell.offered_rps or 0)
     if cell.load == "wrk":
         return run_wrk(url, w, cell.connections, duration)
     if cell.load == "fixed":
@@ -493,6 +512,13 @@ def plan_loads(w: Workload, conns: list[int], fixed: dict, args) -> list[Cell]:
     """The load runs of one (server, workload): they share one server start."""
     if w.proto == "h2":
         return [Cell("", w.name, args.h2_connections, load="h2", streams=args.h2_streams)]
+    if w.proto == "h3":
+        cells = [Cell("", w.name, args.h3_connections, load="h3", streams=args.h3_streams)]
+        if args.h3_rate:
+            cells.append(
+                Cell("", w.name, args.h3_connections, "h3fixed", streams=args.h3_streams, offered_rps=args.h3_rate)
+            )
+        return cells
     cells = [Cell("", w.name, c) for c in conns]
     if w.name in fixed:
         cells.append(Cell("", w.name, args.fixed_connections, load="fixed", offered_rps=fixed[w.name]))
@@ -568,7 +594,7 @@ def one_run(r: Running, cell: Cell, args) -> None:
         res["spread"] = spread(before, after, sampled.get("conns", {}), socket_owners(r.port, "listening")[0])
     res.update(other_load(busy0, machine_busy(), res["server_cpu_pct"], res["client_cpu_pct"]))
     res["client_saturated"] = res["client_cpu_pct"] >= 95.0
-    if cell.load == "fixed":
+    if cell.load in ("fixed", "h3fixed"):
         res["server_saturated"] = res["rps"] < 0.97 * (cell.offered_rps or 0)
     if not args.keep_raw:
         res.pop("raw")
@@ -610,6 +636,10 @@ def measure_workload(w: Workload, servers: list[str], plan, args, venv: Path) ->
             for cell in cells:
                 cell.error = NO_H2.get(name, f"{name} is not configured for h2c (see H2 in run.py)")
             continue
+        if w.proto == "h3" and name not in quic.H3:
+            for cell in cells:
+                cell.error = quic.NO_H3.get(name, f"{name} is not configured for HTTP/3 (see H3 in bench/quic.py)")
+            continue
         wn = w
         if name == "hyper":
             if w.hyper_path is None:
@@ -621,7 +651,9 @@ def measure_workload(w: Workload, servers: list[str], plan, args, venv: Path) ->
     try:
         for r in running:
             r.port = free_port()
-            r.proc = start_server(r.name, r.w, r.port, venv, extra=H2[r.name] if w.proto == "h2" else "")
+            extra = H2[r.name] if w.proto == "h2" else quic.h3_extra(r.name, r.port) if w.proto == "h3" else ""
+            env = quic.H3_ENV.get(r.name) if w.proto == "h3" else None
+            r.proc = start_server(r.name, r.w, r.port, venv, extra=extra, env=env)
         for r in running:
             if not wait_ready(r.port, r.proc):
                 err = r.proc.stderr.read().decode(errors="replace")[-500:] if r.proc.poll() is not None else ""
@@ -849,6 +881,60 @@ def measure_idle(name: str, n: int, venv: Path) -> dict:
         stop_server(proc)
 
 
+def measure_idle_h3(name: str, n: int, venv: Path) -> dict:
+    """PSS of the server's process tree with `n` idle HTTP/3 connections
+    (each has made one GET; the client PINGs every second so that QUIC's
+    idle timeout does not close them), minus PSS before they were opened.
+    Same keep-alive options as the TCP idle figure (IDLE_EXTRA)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n + 100:  # h3load: one UDP socket per connection
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 1000), hard))
+    out = {"server": name, "connections": n}
+    if name not in quic.H3:
+        return {**out, "error": quic.NO_H3.get(name, "not configured for HTTP/3")}
+    w = WORKLOADS["h3_raw_get"]
+    port = free_port()
+    extra = quic.h3_extra(name, port) + IDLE_EXTRA.get(name, "")
+    proc = start_server(name, w, port, venv, extra=extra, env=quic.H3_ENV.get(name))
+    client = None
+    try:
+        if not wait_ready(port, proc):
+            return {**out, "error": "did not start"}
+        for _ in range(50):
+            if verify(port, w) is None:
+                break
+            time.sleep(0.1)
+        before = tree_pss_kib(proc.pid)
+        client, first = quic.hold_idle(port, n, hold=8.0)
+        # As for TCP: the lowest PSS over 5 s once every connection answered.
+        after = tree_pss_kib(proc.pid)
+        for _ in range(10):
+            time.sleep(0.5)
+            after = min(after, tree_pss_kib(proc.pid))
+        last = client.communicate(timeout=60)[0].strip().splitlines()
+        held = json.loads(last[-1]).get("held") if last and last[-1].startswith('{"held"') else None
+        out.update(
+            pss_before_kib=before,
+            pss_after_kib=after,
+            answered=first.get("requests", 0),
+            held=held,
+            delta_mib=(after - before) / 1024.0,
+            alive=proc.poll() is None,
+        )
+        if first.get("first_error"):
+            out["first_error"] = first["first_error"]
+        return out
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return {**out, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+            client.wait()
+        stop_server(proc)
+
+
 def median_of(runs: list, key: str) -> float | None:
     vals = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -883,7 +969,7 @@ def versions(venv: Path) -> dict:
         "import importlib.metadata as m, json\n"
         "out = {}\n"
         "for p in ['skirr','granian','uvicorn','uvicorn-worker','gunicorn','hypercorn','peregrine-server',"
-        "'weft-server','rustwasgi','fastapi','uvloop','httptools']:\n"
+        "'weft-server','rustwasgi','fastapi','uvloop','httptools','aioquic']:\n"
         "    try: out[p] = m.version(p)\n"
         "    except Exception: pass\n"
         "print(json.dumps(out))"
@@ -921,8 +1007,10 @@ def _us(v: float | None) -> str:
 def _col(c: dict) -> str:
     if c.get("load") == "fixed":
         return f"{c['workload']} @{c['offered_rps'] / 1000:g}k"
-    if c.get("load") == "h2":
+    if c.get("load") in ("h2", "h3"):
         return f"{c['workload']} c{c['connections']}×{c['streams']}"
+    if c.get("load") == "h3fixed":
+        return f"{c['workload']} @{c['offered_rps'] / 1000:g}k"
     return f"{c['workload']} c{c['connections']}"
 
 
@@ -943,7 +1031,7 @@ def _cell_table(cells: list[dict], fixed: bool = False) -> list[str]:
         cpu = f"**{_us(c['cpu_us_per_req'])}** ({_us(c['cpu_us_per_req_min'])}–{_us(c['cpu_us_per_req_max'])})"
         rate = f"{c['rps_median']:,.0f}{_flags(c)} ({c['rps_min']:,.0f}–{c['rps_max']:,.0f})"
         if fixed:
-            rate = f"{c['offered_rps']:,.0f} | {rate}"
+            rate = f"{c['offered_rps'] or 0:,.0f} | {rate}"
         pss = f"{(c['pss_idle_kib'] or 0) / 1024:.1f} / {(c['pss_load_kib'] or 0) / 1024:.1f}"
         err = f" ({c['error']})" if c.get("error") else ""
         lines.append(
@@ -960,8 +1048,9 @@ def markdown(report: dict) -> str:
         f"Skirr benchmark, {report['date']} — {report['machine']['cpu']} ({report['machine']['cores']} cores), "
         f"kernel {report['machine']['kernel']}, CPython {report['python']}, git {report['machine']['git_sha']}",
         "",
-        f"{a.get('workers', 1)} worker(s) on CPU {SERVER_CPU}; the load generator (`wrk -t1` or `h2load -t1`) "
-        f"on CPU {CLIENT_CPU}; {a['runs']} × {a['duration']} s after a {a['warmup']} s warm-up; medians (min–max). "
+        f"{a.get('workers', 1)} worker(s) on CPU {SERVER_CPU}; the load generator (`wrk -t1`, `h2load -t1` or "
+        f"`h3load`) on CPU {CLIENT_CPU}; {a['runs']} × {a['duration']} s after a {a['warmup']} s warm-up; "
+        "medians (min–max). "
         "**CPU µs/req**: on-CPU time of every thread of the server's process tree (sum of "
         "`/proc/<pid>/task/*/schedstat`, ns) over each run, divided by the requests (or messages) completed "
         "in it; lower is better. PSS summed over the server's process tree. `!` marks a cell whose load "
@@ -1011,6 +1100,13 @@ def markdown(report: dict) -> str:
             *_cell_table(sel),
             "",
         ]
+    a3 = f"-c{a.get('h3_connections')} -m{a.get('h3_streams')}"
+    sel = [c for c in cells if c.get("load") == "h3"]
+    if sel:
+        lines += [f"### HTTP/3 (TLS 1.3, self-signed certificate): `h3load {a3}`", "", *_cell_table(sel), ""]
+    sel = [c for c in cells if c.get("load") == "h3fixed"]
+    if sel:
+        lines += [f"### HTTP/3, fixed offered load: `h3load {a3} --rate <rate>`", "", *_cell_table(sel, True), ""]
     spread_rows = [c for c in ok if any("spread" in r for r in c["runs"])]
     if spread_rows:
         lines += [
@@ -1059,6 +1155,22 @@ def markdown(report: dict) -> str:
                 f"{c['pss_after_kib'] / 1024:.1f} | {c['delta_mib']:.1f} |"
             )
         lines.append("")
+    if report.get("idle_h3"):
+        lines.append(f"### {report['args']['idle_h3']:,} idle HTTP/3 connections (one GET each, client PING every 1 s)")
+        lines.append("")
+        lines.append("| server | answered | held | PSS before MiB | PSS with connections MiB | cost MiB | KiB/conn |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
+        for c in report["idle_h3"]:
+            if c.get("error"):
+                lines.append(f"| {c['server']} | {c['error']} | | | | | |")
+                continue
+            held = f"{c['held']:,}" if c.get("held") is not None else "?"
+            per = c["delta_mib"] * 1024 / c["connections"]
+            lines.append(
+                f"| {c['server']} | {c['answered']:,} | {held} | {c['pss_before_kib'] / 1024:.1f} | "
+                f"{c['pss_after_kib'] / 1024:.1f} | {c['delta_mib']:.1f} | {per:.1f} |"
+            )
+        lines.append("")
     if report.get("stream"):
         lines.append("### Streaming (first chunk, 50 ms sleep, last chunk; median of 20)")
         lines.append("")
@@ -1077,7 +1189,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--workloads",
         default="raw_get,get_64k,post_4k,fastapi_json,h2_raw_get,h2_post_4k",
-        help="h1 workloads run under wrk at every --connections; h2_* ones under h2load (h2c prior knowledge)",
+        help="h1 workloads run under wrk at every --connections; h2_* ones under h2load (h2c prior knowledge); "
+        "h3_* ones (h3_raw_get, h3_post_4k; not in the default) under bench/h3load over TLS",
     )
     p.add_argument("--connections", default="64,256", help="wrk connection counts for the HTTP/1.1 workloads")
     p.add_argument(
@@ -1091,6 +1204,12 @@ def main(argv=None) -> int:
     p.add_argument("--fixed-connections", type=int, default=64)
     p.add_argument("--h2-connections", type=int, default=64)
     p.add_argument("--h2-streams", type=int, default=10, help="concurrent streams per HTTP/2 connection (h2load -m)")
+    p.add_argument("--h3-connections", type=int, default=64, help="QUIC connections of the h3_* workloads")
+    p.add_argument("--h3-streams", type=int, default=10, help="concurrent streams per HTTP/3 connection (h3load -m)")
+    p.add_argument(
+        "--h3-rate", type=float, default=0, help="also run the h3_* workloads at this fixed offered load (req/s)"
+    )
+    p.add_argument("--idle-h3", type=int, default=0, help="idle HTTP/3 connections to hold (0: skip)")
     p.add_argument("--note", default="", help="free text recorded in the artifacts (e.g. other load on the machine)")
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
@@ -1106,6 +1225,7 @@ def main(argv=None) -> int:
         "records how the workers shared CPU and connections; servers without a worker option are skipped)",
     )
     p.add_argument("--venv", default=str(BENCH / ".venv"))
+    p.add_argument("--skirr-python", default=None, help="python of the `skirr` server (default: the venv's)")
     p.add_argument("--keep-raw", action="store_true", help="keep wrk's raw output in the JSON")
     p.add_argument("--out", default=None, help="artifact path prefix (default bench/results/<stamp>)")
     args = p.parse_args(argv)
@@ -1114,8 +1234,9 @@ def main(argv=None) -> int:
     for s in servers:
         if s not in SERVERS:
             p.error(f"unknown server {s!r}; known: {', '.join(SERVERS)}")
-    global WORKERS, SERVER_CPU, CLIENT_CPU
+    global WORKERS, SERVER_CPU, CLIENT_CPU, SKIRR_PY
     WORKERS = args.workers
+    SKIRR_PY = args.skirr_python
     if WORKERS > 1:
         every = f"0-{(os.cpu_count() or 1) - 1}"
         SERVER_CPU = os.environ.get("BENCH_SERVER_CPU", every)
@@ -1163,6 +1284,11 @@ def main(argv=None) -> int:
             "fixed_connections": args.fixed_connections,
             "h2_connections": args.h2_connections,
             "h2_streams": args.h2_streams,
+            "h3_connections": args.h3_connections,
+            "h3_streams": args.h3_streams,
+            "h3_rate": args.h3_rate,
+            "idle_h3": args.idle_h3,
+            "skirr_python": args.skirr_python,
         },
         "note": args.note,
         "load_before": open("/proc/loadavg").read().split()[:3],
@@ -1175,7 +1301,8 @@ def main(argv=None) -> int:
         for cell in sorted(cells, key=lambda c: (c.load != "wrk", c.connections)):
             d = summarize(cell)
             report["cells"].append(d)
-            tag = {"wrk": f"c{cell.connections}", "fixed": f"@{(cell.offered_rps or 0) / 1000:g}k"}.get(
+            at = f"@{(cell.offered_rps or 0) / 1000:g}k"
+            tag = {"wrk": f"c{cell.connections}", "fixed": at, "h3fixed": at}.get(
                 cell.load, f"c{cell.connections}x{cell.streams}"
             )
             if d.get("runs"):
@@ -1205,6 +1332,12 @@ def main(argv=None) -> int:
             r = measure_idle(s, args.idle, venv)
             report["idle"].append(r)
             print(f"idle {args.idle} {s:<15} {r.get('delta_mib', 0):.1f} MiB {r.get('error', '')}", flush=True)
+    if args.idle_h3:
+        report["idle_h3"] = []
+        for s in servers:
+            r = measure_idle_h3(s, args.idle_h3, venv)
+            report["idle_h3"].append(r)
+            print(f"idle h3 {args.idle_h3} {s:<15} {r.get('delta_mib', 0):.1f} MiB {r.get('error', '')}", flush=True)
     report["seconds"] = round(time.monotonic() - t_start)
     report["load_after"] = open("/proc/loadavg").read().split()[:3]
     RESULTS.mkdir(exist_ok=True)

@@ -2,7 +2,7 @@
 # Creates bench/.venv (CPython 3.12: weft-server's wheels need it, so every
 # server runs on the same interpreter), installs Skirr (release build) and
 # every peer at pinned versions, and builds the Rust helpers (the pure-hyper
-# ceiling server and the load client).
+# ceiling server and the load clients: HTTP/1.1 and WebSocket, HTTP/3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY_VERSION=${BENCH_PYTHON:-3.12}
@@ -19,4 +19,4 @@ curl --version | grep -q HTTP2 || { echo "bench/setup.sh: curl without HTTP/2 (v
 bench/.venv/bin/pip install -q --upgrade pip
 bench/.venv/bin/pip install -q ".[gunicorn,uvloop]" fastapi
 bench/.venv/bin/pip install -q -r bench/requirements-peers.txt
-cargo build --release -q -p hyper-hello -p loadgen
+cargo build --release -q -p hyper-hello -p loadgen -p h3load
