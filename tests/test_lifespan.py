@@ -49,6 +49,8 @@ def test_startup_exception_in_on_mode_exits_3_with_traceback():
         assert s.wait(15) == 3
         log = s.logs()
         assert "startup exploded" in log and "Traceback" in log
+        # The app speaks lifespan and raised: not "does not support".
+        assert "exception in the lifespan protocol" in log
 
 
 def test_auto_mode_serves_an_app_without_lifespan_support():

@@ -265,7 +265,7 @@ pub(crate) async fn startup(ctx: &Arc<AppContext>) -> Result<bool, String> {
         Ok(Ok(Outcome::Complete)) => Ok(true),
         Ok(Ok(Outcome::Returned)) => Ok(false),
         Ok(Ok(Outcome::Unsupported(e))) if cfg.lifespan == LifespanMode::On => Err(format!(
-            "the application does not support the lifespan protocol (lifespan=on): {e}"
+            "exception in the lifespan protocol (lifespan=on): {e}"
         )),
         Ok(Ok(Outcome::Unsupported(_))) => Ok(false),
         Ok(Ok(Outcome::Failed(msg))) => Err(if msg.is_empty() {
