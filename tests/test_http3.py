@@ -354,3 +354,27 @@ def test_niquests_end_to_end(pki):
             assert r.json()["http_version"] == "3"
             r = sess.post(f"https://127.0.0.1:{s.port}/echo", data=b"z" * 200000, verify=pki["ca"])
             assert r.content == b"z" * 200000
+
+
+def test_http3_requests_and_connections_are_labelled_http3(pki):
+    from test_metrics import free_port, scrape, total
+
+    mport = free_port()
+    with h3_skirr(pki, "apps.probe:app", "--metrics-bind", f"127.0.0.1:{mport}") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        h1 = total(scrape(mport), "skirr_requests", protocol="http1")  # the readiness probes
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                statuses = [(await c.request("GET", "/")).status for _ in range(3)]
+                return statuses, scrape(mport)
+
+        statuses, fams = run(go())
+        assert statuses == [200, 200, 200]
+        assert total(fams, "skirr_connections_open", protocol="http3") == 1
+        wait_until(lambda: total(scrape(mport), "skirr_requests", protocol="http3") == 3, what="3 h3 requests")
+        fams = scrape(mport)
+        assert total(fams, "skirr_requests", method="GET", status="2xx", protocol="http3") == 3
+        assert total(fams, "skirr_requests", protocol="http1") == h1
+        assert total(fams, "skirr_connections", "skirr_connections_total", protocol="http3") == 1
+        wait_until(lambda: total(scrape(mport), "skirr_connections_open", protocol="http3") == 0, what="h3 closed")

@@ -8,7 +8,7 @@ pub(super) const METHODS: [&str; 8] = [
 /// `status` label values (the status class).
 pub(super) const STATUSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 /// `protocol` label values.
-pub(super) const PROTOCOLS: [&str; 2] = ["http1", "http2"];
+pub(super) const PROTOCOLS: [&str; 3] = ["http1", "http2", "http3"];
 
 /// A connection's protocol (`protocol` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +17,8 @@ pub(crate) enum Proto {
     Http1 = 0,
     /// HTTP/2.
     Http2 = 1,
+    /// HTTP/3 (a QUIC connection).
+    Http3 = 2,
 }
 
 /// Why the server answered a request itself (`limit` label of

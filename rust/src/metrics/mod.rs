@@ -58,6 +58,12 @@ mod tests {
             m.set_status(http::StatusCode::OK);
         }
         {
+            let mut m = rec
+                .request(&http::Method::GET, http::Version::HTTP_3)
+                .expect("metrics on");
+            m.set_status(http::StatusCode::NOT_FOUND);
+        }
+        {
             let _gone = rec.request(&http::Method::POST, http::Version::HTTP_2);
         }
         rec.refused_answer(
@@ -75,8 +81,11 @@ mod tests {
             !text.contains("method=\"POST\""),
             "no response, not counted"
         );
+        assert!(text.contains(
+            "skirr_requests_total{worker=\"0\",method=\"GET\",status=\"4xx\",protocol=\"http3\"} 1\n"
+        ));
         assert!(text.contains("skirr_requests_in_flight{worker=\"0\"} 0\n"));
-        assert!(text.contains("skirr_request_duration_seconds_count{worker=\"0\"} 1\n"));
+        assert!(text.contains("skirr_request_duration_seconds_count{worker=\"0\"} 2\n"));
         assert!(text.contains("skirr_refused_total{worker=\"0\",limit=\"max_body_size\"} 1\n"));
         assert!(
             text.contains("skirr_refused_total{worker=\"0\",limit=\"response_start_timeout\"} 1\n")

@@ -103,10 +103,10 @@ impl Recorder {
             slot,
             started: Instant::now(),
             method: method_class(method),
-            proto: if version == http::Version::HTTP_2 {
-                Proto::Http2
-            } else {
-                Proto::Http1
+            proto: match version {
+                http::Version::HTTP_2 => Proto::Http2,
+                http::Version::HTTP_3 => Proto::Http3,
+                _ => Proto::Http1,
             } as u8,
             status: 0,
         })

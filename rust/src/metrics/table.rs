@@ -11,7 +11,7 @@ use super::labels::{LIMITS, METHODS, PROTOCOLS, STATUSES};
 /// plus the replacements that start while the old ones still drain).
 pub const SLOTS: usize = 256;
 /// Bytes per slot (a [`Slot`] fits; slots never share a lock range).
-pub(super) const SLOT_BYTES: usize = 1024;
+pub(super) const SLOT_BYTES: usize = 2048;
 /// The table's size in bytes.
 pub(super) const TABLE_BYTES: usize = SLOTS * SLOT_BYTES;
 

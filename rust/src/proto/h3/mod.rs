@@ -256,6 +256,7 @@ async fn connection(
             return;
         }
     };
+    let _open = shared.metrics.connection(crate::metrics::Proto::Http3);
     let why = drive(&mut h3c, &qconn, &ctx, &member, &tracker).await;
     tracing::debug!("HTTP/3 connection from {peer} done: {why}");
 }
