@@ -378,3 +378,57 @@ def test_http3_requests_and_connections_are_labelled_http3(pki):
         assert total(fams, "skirr_requests", protocol="http1") == h1
         assert total(fams, "skirr_connections", "skirr_connections_total", protocol="http3") == 1
         wait_until(lambda: total(scrape(mport), "skirr_connections_open", protocol="http3") == 0, what="h3 closed")
+
+
+def test_body_read_timeout_is_per_stream(pki):
+    """A client that stops sending mid-body gets a 408 on that stream only;
+    the connection serves the next request."""
+    with h3_skirr(pki, "apps.probe:app", "--body-read-timeout", "0.5") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                sid = c.start("POST", "/echo", headers=[("content-length", "100000")], body=b"x" * 10, end=False)
+                stalled = await c.response(sid, timeout=5)
+                return stalled, await c.request("GET", "/")
+
+        stalled, after = run(go())
+        assert stalled.status == 408
+        assert after.status == 200
+        assert after.body == b"ok"
+
+
+def test_send_timeout_resets_the_stalled_stream_only(pki):
+    """A client that stops granting the stream flow-control credit has
+    that stream reset (H3_REQUEST_CANCELLED) after send_timeout; another
+    request on the same connection is answered meanwhile and after."""
+    with h3_skirr(pki, "apps.probe:app", "--send-timeout", "1") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                frozen: set[int] = set()
+                limits = c._quic._write_stream_limits
+
+                def no_credit(builder, space, stream):
+                    # The client "stops reading": no MAX_STREAM_DATA for it.
+                    if stream.stream_id not in frozen:
+                        limits(builder, space, stream)
+
+                c._quic._write_stream_limits = no_credit
+                sid = c._quic.get_next_available_stream_id()
+                frozen.add(sid)
+                assert c.start("GET", f"/bigbody?n={8 << 20}") == sid
+                await c.head(sid)
+                during = await c.request("GET", "/")
+                t0 = asyncio.get_running_loop().time()
+                stalled = await c.response(sid, timeout=8)
+                waited = asyncio.get_running_loop().time() - t0
+                return stalled, during, await c.request("GET", "/"), waited
+
+        stalled, during, after, waited = run(go())
+        assert stalled.reset == REQUEST_CANCELLED
+        assert len(stalled.body) < 8 << 20
+        assert waited < 5
+        assert during.status == 200
+        assert after.status == 200

@@ -3,9 +3,10 @@
 //! response written from a [`ResponseBody`] onto the sending half
 //! ([`respond`]), frame by frame as QUIC flow control allows.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use ::h3::server::RequestStream;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -252,12 +253,34 @@ fn h3_head(headers: &mut HeaderMap) {
     }
 }
 
+/// Response bodies are written in pieces of at most this many bytes while
+/// `send_timeout` is on, so that a slow reader that takes each piece in
+/// time is not cut (as on HTTP/2).
+const SEND_PIECE: usize = 16 * 1024;
+
+/// Runs one write of the response; `Ok(false)` if QUIC flow control held
+/// it back for `limit` (the client takes nothing of the response).
+async fn within<F>(limit: Option<Duration>, write: F) -> Result<bool, ::h3::error::StreamError>
+where
+    F: Future<Output = Result<(), ::h3::error::StreamError>>,
+{
+    match limit {
+        None => write.await.map(|()| true),
+        Some(d) => match tokio::time::timeout(d, write).await {
+            Ok(r) => r.map(|()| true),
+            Err(_) => Ok(false),
+        },
+    }
+}
+
 /// Writes `resp` on `send`: HEADERS, then each DATA frame as QUIC flow
 /// control lets it go (the body is polled only when the previous frame
 /// was taken: backpressure reaches the app through the exchange), then
 /// trailers, if any, and the end of the stream. A body that fails (the
 /// app raised mid-stream) resets the stream, so the response cannot look
-/// complete.
+/// complete. With `send_timeout` (`Some`), a write held back that long
+/// resets the stream (H3_REQUEST_CANCELLED, HTTP/2's CANCEL); returning
+/// drops the body, which tells the app `http.disconnect`.
 ///
 /// Errors: the stream's, when the client stopped reading it
 /// (STOP_SENDING) or the connection closed; dropping `resp`'s body then
@@ -265,23 +288,35 @@ fn h3_head(headers: &mut HeaderMap) {
 pub(crate) async fn respond(
     send: &mut SendHalf,
     resp: Response<ResponseBody>,
+    send_timeout: Option<Duration>,
 ) -> Result<(), ::h3::error::StreamError> {
     let (mut parts, mut body) = resp.into_parts();
     h3_head(&mut parts.headers);
-    send.send_response(Response::from_parts(parts, ())).await?;
+    let head = send.send_response(Response::from_parts(parts, ()));
+    if !within(send_timeout, head).await? {
+        return cancel(send);
+    }
     loop {
         let frame = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
         match frame {
             None => break,
             Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => {
-                    if !data.is_empty() {
-                        send.send_data(data).await?;
+                Ok(mut data) => {
+                    while !data.is_empty() {
+                        let piece = match send_timeout {
+                            Some(_) if data.len() > SEND_PIECE => data.split_to(SEND_PIECE),
+                            _ => std::mem::take(&mut data),
+                        };
+                        if !within(send_timeout, send.send_data(piece)).await? {
+                            return cancel(send);
+                        }
                     }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        send.send_trailers(trailers).await?;
+                        if !within(send_timeout, send.send_trailers(trailers)).await? {
+                            return cancel(send);
+                        }
                         break;
                     }
                 }
@@ -292,5 +327,15 @@ pub(crate) async fn respond(
             }
         }
     }
-    send.finish().await
+    if !within(send_timeout, send.finish()).await? {
+        return cancel(send);
+    }
+    Ok(())
+}
+
+/// Resets a response stream stalled past `send_timeout`.
+fn cancel(send: &mut SendHalf) -> Result<(), ::h3::error::StreamError> {
+    tracing::debug!("HTTP/3 response not accepted in time: stream reset");
+    send.stop_stream(::h3::error::Code::H3_REQUEST_CANCELLED);
+    Ok(())
 }

@@ -19,12 +19,17 @@
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
 //! Drain: GOAWAY, the open streams finish, then the connection closes.
-//! Not yet: interim responses (dropped, as on HTTP/1.0), per-stream body
-//! and send deadlines, WebSockets (RFC 9220).
+//! Per request, as on HTTP/2: `body_read_timeout` (408) and
+//! `response_start_timeout` (503) for that stream only ([`deadline`]);
+//! `send_timeout`: a response piece QUIC flow control holds back that long
+//! resets the stream (H3_REQUEST_CANCELLED) and the app sees the disconnect.
+//! Not yet: interim responses (dropped, as on HTTP/1.0), WebSockets
+//! (RFC 9220).
 
 pub(crate) mod body;
 pub(crate) mod bpf;
 pub(crate) mod cid;
+pub(crate) mod deadline;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
@@ -44,6 +49,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::asgi::conn::{AltSvc, ListenerInfo, LocalAddr, TlsInfo};
 use crate::asgi::context::AppContext;
+use crate::http::activity::Timeouts;
 use crate::http::ctx::{ConnCtx, DRAIN_IDLE};
 use crate::worker::clock::clock_ms;
 use crate::worker::connections::{Member, Order};
@@ -417,14 +423,17 @@ async fn request(
     let mut body = H3Body::new(recv, declared_length(req.headers()));
     body.prime().await;
     let req = req.map(|()| body);
+    let t = Timeouts::new(&ctx.shared.config);
     let resp = tokio::select! {
-        r = super::dispatch::handle(req, Arc::clone(&ctx)) => match r {
+        r = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t) => match r {
             Ok(r) => r,
             Err(never) => match never {},
         },
         _ = qconn.closed() => return,
     };
-    if let Err(e) = body::respond(&mut send, resp).await {
+    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
+    let written = body::respond(&mut send, resp, send_timeout);
+    if let Err(e) = deadline::watched(written, &ctx, &t).await {
         tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
     }
 }
