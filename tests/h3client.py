@@ -136,6 +136,18 @@ class H3Client(QuicConnectionProtocol):
         self._quic.stop_stream(sid, code)
         self.transmit()
 
+    def withhold_credit(self, sid: int) -> None:
+        """The client "stops reading" stream `sid`: it sends no more
+        MAX_STREAM_DATA for it (aioquic raises the credit as data arrives,
+        not as the app reads)."""
+        limits = self._quic._write_stream_limits
+
+        def write_stream_limits(builder, space, stream) -> None:
+            if stream.stream_id != sid:
+                limits(builder=builder, space=space, stream=stream)
+
+        self._quic._write_stream_limits = write_stream_limits
+
     async def response(self, sid: int, timeout: float = TIMEOUT) -> H3Response:
         return await asyncio.wait_for(asyncio.shield(self.streams[sid].done), timeout)
 
@@ -148,11 +160,18 @@ class H3Client(QuicConnectionProtocol):
 
 @asynccontextmanager
 async def h3_connect(
-    port: int, ca: str | None, host: str = "127.0.0.1", cert: tuple[str, str] | None = None
+    port: int,
+    ca: str | None,
+    host: str = "127.0.0.1",
+    cert: tuple[str, str] | None = None,
+    max_stream_data: int | None = None,
 ) -> AsyncIterator[H3Client]:
     """A connection to 127.0.0.1:`port` verified with `ca` (`None`: not
-    verified), presenting `cert` (certificate and key files) if given."""
+    verified), presenting `cert` (certificate and key files) if given;
+    `max_stream_data`: each stream's initial flow-control credit."""
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    if max_stream_data is not None:
+        cfg.max_stream_data = max_stream_data
     if cert:
         cfg.load_cert_chain(*cert)
     if ca:

@@ -407,17 +407,8 @@ def test_send_timeout_resets_the_stalled_stream_only(pki):
 
         async def go():
             async with h3_connect(s.port, pki["ca"]) as c:
-                frozen: set[int] = set()
-                limits = c._quic._write_stream_limits
-
-                def no_credit(builder, space, stream):
-                    # The client "stops reading": no MAX_STREAM_DATA for it.
-                    if stream.stream_id not in frozen:
-                        limits(builder, space, stream)
-
-                c._quic._write_stream_limits = no_credit
                 sid = c._quic.get_next_available_stream_id()
-                frozen.add(sid)
+                c.withhold_credit(sid)
                 assert c.start("GET", f"/bigbody?n={8 << 20}") == sid
                 await c.head(sid)
                 during = await c.request("GET", "/")
@@ -431,4 +422,43 @@ def test_send_timeout_resets_the_stalled_stream_only(pki):
         assert len(stalled.body) < 8 << 20
         assert waited < 5
         assert during.status == 200
+        assert after.status == 200
+
+
+def test_send_timeout_tells_the_app_the_client_is_gone(pki):
+    """A streaming app whose client grants no more credit: after
+    send_timeout its send() raises (the ASGI disconnect)."""
+    with h3_skirr(pki, "apps.probe:app", "--send-timeout", "1") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"], max_stream_data=64 * 1024) as c:
+                sid = c._quic.get_next_available_stream_id()
+                c.withhold_credit(sid)
+                assert c.start("GET", "/stream-until-disconnect?tag=h3slow") == sid
+                stalled = await c.response(sid, timeout=8)
+                for _ in range(200):
+                    events = json.loads((await c.request("GET", "/events")).body)
+                    if any(isinstance(e, dict) and e.get("tag") == "h3slow" for e in events):
+                        return stalled, events
+                    await asyncio.sleep(0.02)
+                return stalled, events
+
+        stalled, events = run(go())
+        assert stalled.reset == REQUEST_CANCELLED
+        assert any(isinstance(e, dict) and e.get("tag") == "h3slow" and "stream_error" in e for e in events), events
+
+
+def test_response_start_timeout_is_per_stream(pki):
+    with h3_skirr(pki, "apps.probe:app", "--response-start-timeout", "0.3") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                late = c.start("GET", "/slow-start?secs=3")
+                assert (await c.request("GET", "/")).status == 200
+                return await c.response(late, timeout=5), await c.request("GET", "/")
+
+        late, after = run(go())
+        assert late.status == 503
         assert after.status == 200
