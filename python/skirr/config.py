@@ -401,7 +401,7 @@ OPTIONS: tuple[Option, ...] = (
         60.0,
         _seconds,
         "a response the client accepts no bytes of for this long is abandoned: the app sees"
-        " http.disconnect, the stream is reset (HTTP/2) or the connection closed (seconds; 0: never)",
+        " http.disconnect, the stream is reset (HTTP/2, HTTP/3) or the connection closed (seconds; 0: never)",
     ),
     Option(
         "response_start_timeout",
