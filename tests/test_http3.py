@@ -462,3 +462,40 @@ def test_response_start_timeout_is_per_stream(pki):
         late, after = run(go())
         assert late.status == 503
         assert after.status == 200
+
+
+#: The HTTP/3 stream error for a malformed message (RFC 9114 §8.1).
+H3_MESSAGE_ERROR = 0x10E
+
+
+def test_malformed_requests_are_stream_errors_and_the_app_is_not_called(pki):
+    # RFC 9114 §4.2, §4.1.2: as HTTP/2 answers RST_STREAM PROTOCOL_ERROR.
+    bad = [
+        [("connection", "keep-alive")],
+        [("transfer-encoding", "chunked")],
+        [("keep-alive", "5")],
+        [("proxy-connection", "x")],
+        [("upgrade", "websocket")],
+        [("te", "gzip")],
+        [("content-length", "abc")],
+        [("content-length", "5"), ("content-length", "6")],
+    ]
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                resets = []
+                for i, fields in enumerate(bad):
+                    sid = c.start("POST", f"/malformed-{i}", headers=fields, body=b"hello")
+                    resets.append((await c.response(sid)).reset)
+                # The connection goes on; `te: trailers` and equal lengths are fine.
+                fine = [("te", "trailers"), ("content-length", "5")]
+                ok = await c.request("POST", "/echo", headers=fine, body=b"hello")
+                return resets, ok
+
+        resets, ok = run(go())
+        assert resets == [H3_MESSAGE_ERROR] * len(bad)
+        assert ok.status == 200 and ok.body == b"hello"
+        wait_until(lambda: '"POST /echo HTTP/3.0" 200' in s.logs(), what="access log line")
+        assert "/malformed-" not in s.logs()

@@ -15,6 +15,7 @@ pub(crate) mod activity;
 pub(crate) mod body;
 pub(crate) mod compress;
 pub(crate) mod ctx;
+pub(crate) mod fields;
 pub(crate) mod headscan;
 pub(crate) mod interim;
 pub(crate) mod io;

@@ -6,6 +6,8 @@
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
 
+use crate::http::fields::connection_specific;
+
 /// HTTP/2 frame types and flags used here and by `proto::h2::io` (RFC 9113 §6.2,
 /// §6.10).
 pub(crate) const HEADERS: u8 = 0x1;
@@ -20,14 +22,6 @@ pub(crate) const MAX_FRAME: usize = 16_384;
 /// HPACK static table indexes (RFC 7541 Appendix A).
 const STATIC_STATUS: usize = 8;
 const STATIC_LINK: usize = 45;
-
-/// Fields RFC 9113 §8.2.2 forbids in HTTP/2 messages: left out.
-fn connection_specific(name: &http::HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
-    )
-}
 
 /// An HPACK integer with an `n`-bit prefix after the `flags` bits of its
 /// first octet (RFC 7541 §5.1).

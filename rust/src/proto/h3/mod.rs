@@ -391,16 +391,6 @@ async fn drive(
     }
 }
 
-/// The `content-length` a request declared, if one valid one.
-fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
-    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
-    let first = values.next()?;
-    if values.next().is_some() {
-        return None;
-    }
-    first.to_str().ok()?.trim().parse().ok()
-}
-
 /// Serves one request stream: its head, the shared service, the response.
 /// The connection closing drops the service's future: the app is told
 /// `http.disconnect`.
@@ -417,10 +407,21 @@ async fn request(
             return;
         }
     };
+    // Malformed (RFC 9114 §4.1.2): a stream error, the app is not called.
+    let declared = match crate::http::fields::check_request(req.headers()) {
+        Ok(n) => n,
+        Err(why) => {
+            tracing::debug!("HTTP/3 request from {:?} malformed: {why}", conn.info.peer);
+            let mut stream = stream;
+            stream.stop_stream(::h3::error::Code::H3_MESSAGE_ERROR);
+            stream.stop_sending(::h3::error::Code::H3_MESSAGE_ERROR);
+            return;
+        }
+    };
     let (mut send, recv): (SendHalf, _) = stream.split();
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
-    let mut body = H3Body::new(recv, declared_length(req.headers()));
+    let mut body = H3Body::new(recv, declared);
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
