@@ -499,3 +499,35 @@ def test_malformed_requests_are_stream_errors_and_the_app_is_not_called(pki):
         assert ok.status == 200 and ok.body == b"hello"
         wait_until(lambda: '"POST /echo HTTP/3.0" 200' in s.logs(), what="access log line")
         assert "/malformed-" not in s.logs()
+
+
+def test_boot_error_when_the_udp_port_is_taken(pki, tmp_path):
+    # A plain socket without SO_REUSEPORT holds the UDP port: no one else can bind it.
+    held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    held.bind(("127.0.0.1", 0))
+    port = held.getsockname()[1]
+    try:
+        p = subprocess.run(
+            [PY, "-m", "skirr", "apps.probe:app", "--port", str(port), "--http3"]
+            + ["--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"]],
+            cwd=str(ROOT),
+            env=_env(None),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert p.returncode == 1
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, p.stderr
+        assert lines[0].startswith(f"skirr: error: HTTP/3: cannot bind UDP 127.0.0.1:{port}: Address already in use")
+        # Under Gunicorn: the worker's boot error (3) stops the master, no respawn loop.
+        conf = tmp_path / "gunicorn.conf.py"
+        conf.write_text(f"skirr_http3 = True\nskirr_http3_port = {port}\n")
+        args = ["-c", str(conf), "--certfile", pki["cert"], "--keyfile", pki["key"]]
+        with gunicorn("apps.probe:app", *args, ready=False) as g:
+            assert g.wait(30) == 3
+            logs = g.logs()
+            assert logs.count(f"cannot bind UDP 127.0.0.1:{port}") == 1, logs
+            assert "Address already in use" in logs
+    finally:
+        held.close()

@@ -208,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         # The Rust core refused a setting (e.g. an unreadable certfile).
         return _fail(str(e))
+    except OSError as e:
+        # The Rust core could not set up a socket it binds itself (the
+        # HTTP/3 UDP port in use or not permitted): a boot error.
+        return _fail(str(e))
     finally:
         if kind == "unix" and args.uds:
             try:

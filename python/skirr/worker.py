@@ -401,3 +401,9 @@ class RustWorker(Worker):
             # The Rust core refused a setting (e.g. an unreadable certfile).
             self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)
+        except OSError as e:
+            # A socket the Rust core binds itself (the HTTP/3 UDP port in
+            # use or not permitted): every worker would fail alike, so the
+            # boot-error status stops the master instead of a respawn loop.
+            self.log.error("skirr: %s", e)
+            sys.exit(WORKER_BOOT_ERROR)
