@@ -531,3 +531,22 @@ def test_boot_error_when_the_udp_port_is_taken(pki, tmp_path):
             assert "Address already in use" in logs
     finally:
         held.close()
+
+
+def test_max_connections_counts_quic_connections_exactly(pki):
+    with h3_skirr(pki, "apps.probe:app", "--max-connections", "2") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as a, h3_connect(s.port, pki["ca"]) as b:
+                ra, rb = await a.request("GET", "/"), await b.request("GET", "/")
+                try:
+                    async with h3_connect(s.port, pki["ca"]) as c:
+                        third = (await c.request("GET", "/")).status
+                except (ConnectionError, TimeoutError) as e:
+                    third = repr(e)
+                return ra.status, rb.status, third
+
+        a, b, third = run(go())
+        assert (a, b) == (200, 200)
+        assert not isinstance(third, int), "a third connection was served"

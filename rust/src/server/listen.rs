@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -89,6 +89,13 @@ fn is_fd_exhaustion(e: &io::Error) -> bool {
     )
 }
 
+/// A slot of the connection limit for an accepted connection: at once
+/// unless a QUIC connection took the last free one since the acceptor saw
+/// it free, then when one frees up. `None` without a limit.
+async fn slot(limit: Option<Arc<Semaphore>>) -> Option<OwnedSemaphorePermit> {
+    limit?.acquire_owned().await.ok()
+}
+
 /// Accepts connections until `stop` is cancelled; `alt_svc`: the
 /// listener's HTTP/3 twin, announced in its responses.
 ///
@@ -146,6 +153,9 @@ pub(crate) async fn accept_loop(
             },
             None => None,
         };
+        // The slot is free now; it is taken once a connection is accepted,
+        // so that an idle acceptor holds none (a QUIC connection may use it).
+        drop(permit);
         tokio::select! {
             _ = gate.open() => {}
             _ = stop.cancelled() => return Ok(()),
@@ -155,12 +165,17 @@ pub(crate) async fn accept_loop(
                 r = t.accept() => r.map(|(s, peer)| {
                     let _ = s.set_nodelay(true);
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
+                    let (builders, limit) = (Arc::clone(&control.builders), control.limit.clone());
                     if shared.tls.is_some() || shared.config.proxy_protocol.is_some() {
-                        let builders = Arc::clone(&control.builders);
-                        control.tracker.spawn(accept::serve_tcp(s, shared, info, builders, peer, permit));
+                        control.tracker.spawn(async move {
+                            let permit = slot(limit).await;
+                            accept::serve_tcp(s, shared, info, builders, peer, permit).await
+                        });
                     } else {
-                        let builders = Arc::clone(&control.builders);
-                        control.tracker.spawn(proto::serve(s, shared, info, builders, Some(peer), permit, None));
+                        control.tracker.spawn(async move {
+                            let permit = slot(limit).await;
+                            proto::serve(s, shared, info, builders, Some(peer), permit, None).await
+                        });
                     }
                 }),
                 _ = stop.cancelled() => return Ok(()),
@@ -169,8 +184,11 @@ pub(crate) async fn accept_loop(
             L::Unix(u) => tokio::select! {
                 r = u.accept() => r.map(|(s, _)| {
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    let builders = Arc::clone(&control.builders);
-                    control.tracker.spawn(proto::serve(s, shared, info, builders, None, permit, None));
+                    let (builders, limit) = (Arc::clone(&control.builders), control.limit.clone());
+                    control.tracker.spawn(async move {
+                        let permit = slot(limit).await;
+                        proto::serve(s, shared, info, builders, None, permit, None).await
+                    });
                 }),
                 _ = stop.cancelled() => return Ok(()),
                 _ = gate.shut() => continue,
