@@ -89,11 +89,23 @@ fn is_fd_exhaustion(e: &io::Error) -> bool {
     )
 }
 
-/// A slot of the connection limit for an accepted connection: at once
-/// unless a QUIC connection took the last free one since the acceptor saw
-/// it free, then when one frees up. `None` without a limit.
-async fn slot(limit: Option<Arc<Semaphore>>) -> Option<OwnedSemaphorePermit> {
-    limit?.acquire_owned().await.ok()
+/// A free slot of the connection limit, taken as a connection is
+/// accepted (before the acceptor waits for the next one).
+fn try_slot(limit: &Option<Arc<Semaphore>>) -> Option<OwnedSemaphorePermit> {
+    Arc::clone(limit.as_ref()?).try_acquire_owned().ok()
+}
+
+/// The slot of an accepted connection: `early` ([`try_slot`]), else, when
+/// a QUIC connection took the last free one since the acceptor saw it
+/// free, the next one to free up. `None` without a limit.
+async fn slot(
+    early: Option<OwnedSemaphorePermit>,
+    limit: Option<Arc<Semaphore>>,
+) -> Option<OwnedSemaphorePermit> {
+    match early {
+        Some(p) => Some(p),
+        None => limit?.acquire_owned().await.ok(),
+    }
 }
 
 /// Accepts connections until `stop` is cancelled; `alt_svc`: the
@@ -166,14 +178,15 @@ pub(crate) async fn accept_loop(
                     let _ = s.set_nodelay(true);
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
                     let (builders, limit) = (Arc::clone(&control.builders), control.limit.clone());
+                    let early = try_slot(&limit);
                     if shared.tls.is_some() || shared.config.proxy_protocol.is_some() {
                         control.tracker.spawn(async move {
-                            let permit = slot(limit).await;
+                            let permit = slot(early, limit).await;
                             accept::serve_tcp(s, shared, info, builders, peer, permit).await
                         });
                     } else {
                         control.tracker.spawn(async move {
-                            let permit = slot(limit).await;
+                            let permit = slot(early, limit).await;
                             proto::serve(s, shared, info, builders, Some(peer), permit, None).await
                         });
                     }
@@ -185,8 +198,9 @@ pub(crate) async fn accept_loop(
                 r = u.accept() => r.map(|(s, _)| {
                     let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
                     let (builders, limit) = (Arc::clone(&control.builders), control.limit.clone());
+                    let early = try_slot(&limit);
                     control.tracker.spawn(async move {
-                        let permit = slot(limit).await;
+                        let permit = slot(early, limit).await;
                         proto::serve(s, shared, info, builders, None, permit, None).await
                     });
                 }),
