@@ -14,7 +14,8 @@
 //!
 //! Limits: `http2_max_concurrent_streams` bidirectional streams per
 //! connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
-//! `max_connections` QUIC connections (more are refused). A connection with
+//! `max_connections` (one count per worker with TCP; a QUIC connection over
+//! it is refused). A connection with
 //! no request for `keepalive_timeout` is closed (GOAWAY, then
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
