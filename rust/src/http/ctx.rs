@@ -110,23 +110,19 @@ impl ConnCtx {
     /// responses and no slot under the connection limit (the connection
     /// holds it).
     pub(crate) fn for_request(&self) -> ConnCtx {
-        ConnCtx {
-            shared: Arc::clone(&self.shared),
-            info: Arc::clone(&self.info),
-            activity: Activity::new(),
-            _permit: None,
-            upgrade: Mutex::new(None),
-            eof_waker: Mutex::new(None),
-            eof_probe: Mutex::new(None),
-            interim: Arc::clone(&self.interim),
-            h2_stream: None,
-        }
+        self.per_stream(None)
     }
 
     /// The context of one HTTP/2 stream: the connection's facts (shared),
     /// its own [`Activity`] (the stream's deadlines). The connection's slot
     /// under the limit stays with the connection.
     pub(crate) fn for_stream(&self, stream: Option<u32>, encode: StreamEncoder) -> ConnCtx {
+        self.per_stream(stream.map(|id| (id, encode)))
+    }
+
+    /// A stream's context under this connection's: the shared facts and
+    /// interim sink, a fresh [`Activity`], no slot of its own.
+    fn per_stream(&self, h2_stream: Option<(u32, StreamEncoder)>) -> ConnCtx {
         ConnCtx {
             shared: Arc::clone(&self.shared),
             info: Arc::clone(&self.info),
@@ -136,7 +132,7 @@ impl ConnCtx {
             eof_waker: Mutex::new(None),
             eof_probe: Mutex::new(None),
             interim: Arc::clone(&self.interim),
-            h2_stream: stream.map(|id| (id, encode)),
+            h2_stream,
         }
     }
 }
