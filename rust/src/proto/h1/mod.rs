@@ -183,11 +183,18 @@ where
         // holds only a pointer where an active one holds hyper's state.
         let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), svc));
         let stopped = Box::pin(drive(&mut conn, ctx, member)).await;
-        let parts = conn.into_parts();
-        io = parts.io.into_inner();
-        svc = parts.service;
-        if !parts.read_buf.is_empty() {
-            io.prefix = parts.read_buf;
+        {
+            // In its own block: what is left of `parts` (an empty read
+            // buffer still owns hyper's 8 KiB allocation) is dropped here,
+            // not at the end of the loop body, after the parked wait below
+            // (it held ~3 KiB of touched pages per parked connection and
+            // 152 bytes of every connection's task; bench/NOTES.md, entry 59).
+            let parts = conn.into_parts();
+            io = parts.io.into_inner();
+            svc = parts.service;
+            if !parts.read_buf.is_empty() {
+                io.prefix = parts.read_buf;
+            }
         }
         let upgraded = ctx.upgrade.lock().take();
         if let Some(ws) = upgraded {
