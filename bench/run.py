@@ -1225,7 +1225,10 @@ def markdown(report: dict) -> str:
                 continue
             held = f"{c['held']:,}" if c.get("held") is not None else "?"
             b, a = c.get("boot") or {}, c.get("after_requests") or {}
-            wk = max(a.get("procs") or [{}], key=lambda p: p.get("pss", 0))
+            procs = a.get("procs") or [{}]
+            # The worker: the process started (one-process servers) or its
+            # largest child (a master's worker).
+            wk = max(procs[1:], key=lambda p: p.get("pss", 0)) if len(procs) > 1 else procs[0]
             lines.append(
                 f"| {c['server']} | {_mib(b.get('pss'))} | {_mib(b.get('uss'))} | {_mib(a.get('pss'))} | "
                 f"{_mib(a.get('uss'))} | {_mib(wk.get('pss'))} / {_mib(wk.get('uss'))} | {c['answered']:,} | {held} | "
@@ -1233,8 +1236,8 @@ def markdown(report: dict) -> str:
             )
         lines.append("")
         lines.append(
-            "PSS and USS of the whole process tree (Gunicorn: master + worker); worker: the tree's largest "
-            "process. Boot: 1 s after the first answered request; after: 2,000 keep-alive requests on 20 "
+            "PSS and USS of the whole process tree (Gunicorn: master + worker); worker: the process started, "
+            "or its largest child when it has any. Boot: 1 s after the first answered request; after: 2,000 keep-alive requests on 20 "
             "connections (closed), 1 s later. Cost: lowest PSS over 5 s with the connections held minus "
             "PSS before them."
         )
