@@ -1237,9 +1237,9 @@ def markdown(report: dict) -> str:
         lines.append("")
         lines.append(
             "PSS and USS of the whole process tree (Gunicorn: master + worker); worker: the process started, "
-            "or its largest child when it has any. Boot: 1 s after the first answered request; after: 2,000 keep-alive requests on 20 "
-            "connections (closed), 1 s later. Cost: lowest PSS over 5 s with the connections held minus "
-            "PSS before them."
+            "or its largest child when it has any. Boot: 1 s after the first answered request; after: 2,000 "
+            "keep-alive requests on 20 connections (closed), 1 s later. Cost: lowest PSS over 5 s with the "
+            "connections held minus PSS before them."
         )
         lines.append("")
     if report.get("idle_h3"):
