@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::header::EXPECT;
 use http::{HeaderValue, Request, Response, StatusCode};
 
-use crate::asgi::http::exchange::{Awaited, BodyOut, Exchange, ResponseHead};
+use crate::asgi::http::exchange::{Awaited, BodyOut, Exchange, ResponseHead, TrailersWanted};
 use crate::bridge::queue::Event;
 use crate::http::body::{ResponseBody, StreamBody};
 use crate::http::compress;
@@ -390,6 +390,20 @@ fn load_interim(conn: &ConnCtx, list: &[(StatusCode, http::HeaderMap)]) -> Optio
     }
 }
 
+/// Ties `exch` to the app's context before its request is queued, with
+/// the trailers verdict (`te`: the request has a `TE` field; `No`, the
+/// exchange's default, needs no lookup and no lock).
+#[inline]
+fn attach(exch: &Exchange, conn: &ConnCtx, parts: &http::request::Parts, te: bool) {
+    if te {
+        let trailers = TrailersWanted::of(parts.version, &parts.headers);
+        if trailers != TrailersWanted::No {
+            exch.lock().trailers = trailers;
+        }
+    }
+    exch.attach(conn.info.app());
+}
+
 /// The WebSocket handshake service, given by the driver (`proto`), so that
 /// this protocol-neutral service never names the WebSocket side.
 pub(crate) type WsHandshake = fn(
@@ -484,7 +498,7 @@ pub(crate) async fn handle<B: RequestBody>(
         shared,
         armed: true,
     };
-    exch.attach(conn.info.app());
+    attach(&exch, &conn, &parts, seen.te);
     shared.queue.push(Event::Run(Box::new(HttpRequest {
         parts,
         exch: Arc::clone(&exch),

@@ -12,7 +12,7 @@
 //! `Content-Length` and `Transfer-Encoding` is read as chunked and the
 //! connection is closed after the response (RFC 9112 §6.1).
 
-use http::header::{EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
+use http::header::{EXPECT, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::request::Parts;
 use http::{Method, StatusCode, Uri, Version};
 
@@ -73,6 +73,8 @@ pub struct Seen {
     pub upgrade: bool,
     /// An `Expect` field.
     pub expect: bool,
+    /// A `TE` field (whether it asks for trailers is read only then).
+    pub te: bool,
 }
 
 /// Checks a parsed request head: `Ok` if the app should see it, with the
@@ -110,6 +112,8 @@ pub fn check_head(parts: &Parts, limits: &Limits) -> Result<Seen, Rejection> {
             seen.upgrade = true;
         } else if name == EXPECT {
             seen.expect = true;
+        } else if name == TE {
+            seen.te = true;
         }
     }
     // An HTTP/2 extended CONNECT (RFC 8441) opens a WebSocket, not a tunnel.
@@ -305,7 +309,8 @@ mod tests {
         assert_eq!(seen("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), Seen::default());
         let s =
             seen("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nExpect: 100-continue\r\n\r\n");
-        assert!(s.upgrade && s.expect);
+        assert!(s.upgrade && s.expect && !s.te);
+        assert!(seen("GET / HTTP/1.1\r\nHost: a\r\nTE: trailers\r\n\r\n").te);
     }
 
     #[test]
