@@ -57,7 +57,15 @@ pub(crate) fn start(
         exch.lock().app_started = Some(Instant::now());
     }
     let proto = HttpProtocol::new(exch, Arc::clone(ctx), head, interim, received, keep_scope);
-    crate::asgi::start::call(py, ctx, scope, proto, "could not create the HTTP protocol");
+    static METHODS: crate::asgi::start::Methods = crate::asgi::start::Methods::new();
+    crate::asgi::start::call(
+        py,
+        ctx,
+        scope,
+        proto,
+        &METHODS,
+        "could not create the HTTP protocol",
+    );
 }
 
 /// Writes the access-log line of a request the server answered before
