@@ -214,8 +214,27 @@ fn check_host(version: Version, hosts: usize, first: Option<&[u8]>) -> Result<()
     }
 }
 
+/// RFC 3986's `unreserved` and `sub-delims` bytes, one table lookup per
+/// byte (a `Host` value is checked on every request).
+const UNRESERVED_OR_SUB_DELIM: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let extra = b"-._~!$&'()*+,;=";
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
+
+#[inline]
 fn is_unreserved_or_sub_delim(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b)
+    UNRESERVED_OR_SUB_DELIM[b as usize]
 }
 
 /// `Host = uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2). An
@@ -342,6 +361,14 @@ mod tests {
         assert_eq!(status("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), Some(400));
         assert_eq!(status("GET / HTTP/1.0\r\n\r\n"), None);
         assert_eq!(status("GET / HTTP/1.0\r\nHost: x@y\r\n\r\n"), Some(400));
+    }
+
+    #[test]
+    fn host_byte_table_matches_rfc_3986() {
+        for b in 0..=255u8 {
+            let want = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b);
+            assert_eq!(is_unreserved_or_sub_delim(b), want, "byte {b}");
+        }
     }
 
     #[test]
