@@ -5,6 +5,8 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -64,11 +66,15 @@ pub(crate) struct H3Body {
     first: Option<Bytes>,
     /// An error met after data that was handed out first.
     error: Option<BodyError>,
+    /// Set when the body does not match `declared`: the request is
+    /// malformed, and [`respond`] resets the stream instead of answering.
+    malformed: Arc<AtomicBool>,
 }
 
 impl H3Body {
-    /// The body of a request whose head declared `declared` bytes.
-    pub(crate) fn new(recv: RecvHalf, declared: Option<u64>) -> Self {
+    /// The body of a request whose head declared `declared` bytes;
+    /// `malformed` is set if the body turns out not to match it.
+    pub(crate) fn new(recv: RecvHalf, declared: Option<u64>, malformed: Arc<AtomicBool>) -> Self {
         H3Body {
             recv,
             stage: Stage::Data,
@@ -76,6 +82,7 @@ impl H3Body {
             seen: 0,
             first: None,
             error: None,
+            malformed,
         }
     }
 
@@ -150,8 +157,11 @@ impl H3Body {
         if self.declared.is_some_and(|d| self.seen > d)
             || (self.stage == Stage::Trailers && self.declared.is_some_and(|d| self.seen != d))
         {
+            // RFC 9114 §4.1.2: malformed, a stream error H3_MESSAGE_ERROR.
             self.stage = Stage::Done;
             self.error = Some(BodyError::Length);
+            self.malformed.store(true, Ordering::Relaxed);
+            self.recv.stop_sending(MESSAGE_ERROR);
         }
         let data = match more {
             Some(m) => Some(m.freeze()),
@@ -253,6 +263,18 @@ fn h3_head(headers: &mut HeaderMap) {
     }
 }
 
+const MESSAGE_ERROR: ::h3::error::Code = ::h3::error::Code::H3_MESSAGE_ERROR;
+
+/// Resets the response stream of a malformed request (its body did not
+/// match its `content-length`) in place of the answer; `true` if it did.
+fn reset_if_malformed(send: &mut SendHalf, malformed: &AtomicBool) -> bool {
+    let bad = malformed.load(Ordering::Relaxed);
+    if bad {
+        send.stop_stream(MESSAGE_ERROR);
+    }
+    bad
+}
+
 /// Response bodies are written in pieces of at most this many bytes while
 /// `send_timeout` is on, so that a slow reader that takes each piece in
 /// time is not cut (as on HTTP/2).
@@ -289,7 +311,11 @@ pub(crate) async fn respond(
     send: &mut SendHalf,
     resp: Response<ResponseBody>,
     send_timeout: Option<Duration>,
+    malformed: &AtomicBool,
 ) -> Result<(), ::h3::error::StreamError> {
+    if reset_if_malformed(send, malformed) {
+        return Ok(());
+    }
     let (mut parts, mut body) = resp.into_parts();
     h3_head(&mut parts.headers);
     let head = send.send_response(Response::from_parts(parts, ()));
@@ -302,6 +328,9 @@ pub(crate) async fn respond(
             None => break,
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
+                    if reset_if_malformed(send, malformed) {
+                        return Ok(());
+                    }
                     while !data.is_empty() {
                         let piece = match send_timeout {
                             Some(_) if data.len() > SEND_PIECE => data.split_to(SEND_PIECE),

@@ -37,7 +37,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -339,6 +339,8 @@ async fn drive(
     let keepalive = ctx.shared.config.keepalive_timeout;
     let mut draining = false;
     let mut accepting = true;
+    // The last request stream accepted, and the id our GOAWAY named.
+    let (mut last, mut goaway): (Option<u64>, Option<u64>) = (None, None);
     loop {
         let open = streams.open.load(Ordering::Relaxed);
         if draining && open == 0 && !accepting {
@@ -354,6 +356,12 @@ async fn drive(
         tokio::select! {
             r = h3c.accept(), if accepting => match r {
                 Ok(Some(resolver)) => {
+                    let id = resolver.frame_stream.id().into_inner();
+                    if goaway.is_some_and(|g| id >= g) {
+                        reject(resolver);
+                        continue;
+                    }
+                    last = Some(id);
                     let guard = StreamGuard::new(&streams);
                     tracker.spawn(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
                 }
@@ -368,10 +376,12 @@ async fn drive(
             },
             o = order_past(member, if draining { Order::Drain } else { Order::Serve }) => {
                 if o == Order::Drain {
-                    // GOAWAY: requests already sent finish.
+                    // GOAWAY: requests already sent finish, and one more
+                    // that may be in flight (see `GOAWAY_ALLOWS`).
                     draining = true;
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
-                    let _ = h3c.shutdown(1).await;
+                    goaway = Some(last.map_or(0, |l| l + 4 * GOAWAY_ALLOWS as u64));
+                    let _ = h3c.shutdown(GOAWAY_ALLOWS).await;
                 } else {
                     qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
                     return "server stop";
@@ -390,6 +400,24 @@ async fn drive(
             }
         }
     }
+}
+
+/// h3 0.0.8's `shutdown(n)` names, in its GOAWAY, the stream `n` past the
+/// last one accepted (stream 0 if none was), but goes on accepting the
+/// stream it named, which RFC 9114 §5.2 says was not processed (the client
+/// may retry it elsewhere). So Skirr asks for 2 and rejects the named
+/// stream and those above it itself ([`reject`]): the one stream between
+/// is the request the client may have had in flight.
+const GOAWAY_ALLOWS: usize = 2;
+
+/// Refuses a request stream at or above our GOAWAY's id (RFC 9114 §5.2,
+/// §4.1.1): H3_REQUEST_REJECTED both ways, the app is not called, and the
+/// client may retry the request on another connection.
+fn reject(mut resolver: Resolver) {
+    use ::h3::quic::{RecvStream as _, SendStream as _};
+    let code = ::h3::error::Code::H3_REQUEST_REJECTED.value();
+    resolver.frame_stream.stream.stop_sending(code);
+    resolver.frame_stream.reset(code);
 }
 
 /// Serves one request stream: its head, the shared service, the response.
@@ -422,7 +450,8 @@ async fn request(
     let (mut send, recv): (SendHalf, _) = stream.split();
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
-    let mut body = H3Body::new(recv, declared);
+    let malformed = Arc::new(AtomicBool::new(false));
+    let mut body = H3Body::new(recv, declared, Arc::clone(&malformed));
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
@@ -434,7 +463,7 @@ async fn request(
         _ = qconn.closed() => return,
     };
     let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
-    let written = body::respond(&mut send, resp, send_timeout);
+    let written = body::respond(&mut send, resp, send_timeout, &malformed);
     if let Err(e) = deadline::watched(written, &ctx, &t).await {
         tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
     }
