@@ -45,6 +45,7 @@ from h3frames import (  # noqa: E402
     PUSH_PROMISE,
     QPACK_BLOCKED_STREAMS,
     QPACK_DECODER,
+    QPACK_DECODER_STREAM_ERROR,
     QPACK_DECOMPRESSION_FAILED,
     QPACK_ENCODER,
     QPACK_ENCODER_STREAM_ERROR,
@@ -235,11 +236,6 @@ def test_9_unknown_frames_streams_and_settings_are_ignored(server):
     assert end is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="h3 0.0.8 drops a client-initiated push stream without an error (no hook to refuse it)",
-)
 def test_6_2_2_a_push_stream_from_the_client_is_a_stream_creation_error(server):
     """§6.2.2: only servers push; a client's push stream is a connection
     error H3_STREAM_CREATION_ERROR."""
@@ -248,8 +244,7 @@ def test_6_2_2_a_push_stream_from_the_client_is_a_stream_creation_error(server):
         async with conn(server) as c:
             await served(c)
             c.uni(PUSH, encode_uint_var(0) + headers(request_fields()))
-            async with asyncio.timeout(2):
-                await connection_error(c, server, H3_STREAM_CREATION_ERROR)
+            await connection_error(c, server, H3_STREAM_CREATION_ERROR)
 
     run(go())
 
@@ -566,35 +561,63 @@ def test_rfc9204_4_2_a_second_encoder_or_decoder_stream_is_a_stream_creation_err
     run(go())
 
 
-QPACK_STREAMS_UNREAD = (
-    "h3 0.0.8 never reads the peer's QPACK encoder and decoder streams after their type "
-    "(decode_stateless, no dynamic table): their instructions and their closing go unnoticed"
+@pytest.mark.parametrize(
+    "stype, instructions, code",
+    [
+        (QPACK_ENCODER, b"\x3f\xe1\x1f", QPACK_ENCODER_STREAM_ERROR),  # Set Dynamic Table Capacity 4096
+        (QPACK_ENCODER, b"\xc0\x01v", QPACK_ENCODER_STREAM_ERROR),  # Insert With Name Reference (static 0)
+        (QPACK_ENCODER, b"\x00", QPACK_ENCODER_STREAM_ERROR),  # Duplicate entry 0
+        (QPACK_DECODER, b"\x80", QPACK_DECODER_STREAM_ERROR),  # Section Acknowledgment, stream 0
+        (QPACK_DECODER, b"\x01", QPACK_DECODER_STREAM_ERROR),  # Insert Count Increment 1
+    ],
+    ids=["capacity-4096", "insert", "duplicate", "section-ack", "insert-count-increment"],
 )
-
-
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=QPACK_STREAMS_UNREAD)
-def test_rfc9204_4_3_1_a_table_capacity_over_the_maximum_is_an_encoder_stream_error(server):
-    """RFC 9204 §4.3.1: Set Dynamic Table Capacity above the decoder's
-    SETTINGS_QPACK_MAX_TABLE_CAPACITY (0): QPACK_ENCODER_STREAM_ERROR."""
+def test_rfc9204_4_3_4_4_an_instruction_a_table_of_capacity_0_cannot_take(server, stype, instructions, code):
+    """RFC 9204 §4.3.1: a capacity over SETTINGS_QPACK_MAX_TABLE_CAPACITY
+    (0), §3.2.2: an entry larger than the capacity, §4.3.4: a duplicate of
+    an entry that does not exist: QPACK_ENCODER_STREAM_ERROR. §4.4.1: a
+    Section Acknowledgment for a section with no dynamic reference,
+    §4.4.3: an Insert Count Increment past the inserts sent:
+    QPACK_DECODER_STREAM_ERROR."""
 
     async def go():
         async with conn(server) as c:
-            c.uni(QPACK_ENCODER, b"\x3f\xe1\x1f")  # capacity 4096 (5-bit prefix)
             await served(c)
-            async with asyncio.timeout(2):
-                await connection_error(c, server, QPACK_ENCODER_STREAM_ERROR)
+            c.uni(stype, instructions)
+            await connection_error(c, server, code)
 
     run(go())
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=QPACK_STREAMS_UNREAD)
-@pytest.mark.parametrize("stype", [QPACK_ENCODER, QPACK_DECODER], ids=["encoder", "decoder"])
-def test_rfc9204_4_2_closing_the_encoder_or_decoder_stream_is_a_closed_critical_stream(server, stype):
+def test_rfc9204_4_3_instructions_a_table_of_capacity_0_allows_are_taken(server):
+    """Set Dynamic Table Capacity 0 (§4.3.1) on the encoder stream, Stream
+    Cancellation (§4.4.2, one- and multi-byte stream ids) on the decoder
+    stream: no error, requests are served."""
+
     async def go():
         async with conn(server) as c:
-            c.uni(stype, end=True)
+            c.uni(QPACK_ENCODER, b"\x20")
+            dec = c.uni(QPACK_DECODER, b"\x44")
             await served(c)
-            async with asyncio.timeout(2):
-                await connection_error(c, server, H3_CLOSED_CRITICAL_STREAM)
+            c.send(dec, b"\x7f\x89\x01")
+            await served(c)
+            return c.terminated
+
+    assert run(go()) is None
+
+
+@pytest.mark.parametrize("stype", [QPACK_ENCODER, QPACK_DECODER], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("how", ["fin", "reset"])
+def test_rfc9204_4_2_closing_the_encoder_or_decoder_stream_is_a_closed_critical_stream(server, stype, how):
+    async def go():
+        async with conn(server) as c:
+            sid = c.uni(stype)
+            await served(c)
+            if how == "fin":
+                c.send(sid, b"", end=True)
+            else:
+                c._quic.reset_stream(sid, H3_NO_ERROR)
+                c.transmit()
+            await connection_error(c, server, H3_CLOSED_CRITICAL_STREAM)
 
     run(go())

@@ -10,7 +10,9 @@
 //! each request stream gets its own [`ConnCtx`] and goes through
 //! [`dispatch`](super::dispatch) like an HTTP/2 stream: its receiving half
 //! is the request body ([`body::H3Body`]), the response is written on its
-//! sending half ([`body::respond`]).
+//! sending half ([`body::respond`]). The client's unidirectional streams
+//! are typed first ([`guard`]): a push stream, and QPACK instructions a
+//! server without a dynamic table cannot take, are connection errors.
 //!
 //! Limits: `http2_max_concurrent_streams` bidirectional streams per
 //! connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
@@ -31,6 +33,7 @@ pub(crate) mod body;
 pub(crate) mod bpf;
 pub(crate) mod cid;
 pub(crate) mod deadline;
+pub(crate) mod guard;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
@@ -71,8 +74,8 @@ pub(crate) struct Setup {
 /// dropped after `max(keepalive_timeout, this)`.
 const MIN_QUIC_IDLE: Duration = Duration::from_secs(10);
 
-type H3Conn = ::h3::server::Connection<h3_quinn::Connection, Bytes>;
-type Resolver = ::h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+type H3Conn = ::h3::server::Connection<guard::Guarded, Bytes>;
+type Resolver = ::h3::server::RequestResolver<guard::Guarded, Bytes>;
 
 /// Binds the UDP socket for the TCP listener at `tcp` (same address; port
 /// `config.http3.port` if set) and starts a quinn endpoint on it. Call
@@ -254,7 +257,7 @@ async fn connection(
                 .as_ref()
                 .map_or(65536, |h| h.max_field_section_size),
         )
-        .build::<_, Bytes>(h3_quinn::Connection::new(qconn.clone()))
+        .build::<_, Bytes>(guard::Guarded::new(qconn.clone()))
         .await;
     let mut h3c: H3Conn = match built {
         Ok(c) => c,

@@ -1,0 +1,351 @@
+//! The client's unidirectional streams, typed before h3 0.0.8 sees them.
+//!
+//! h3 0.0.8 drops a push stream opened by a client, and never reads the
+//! client's QPACK encoder and decoder streams past their type (it decodes
+//! field sections without a dynamic table). [`Guarded`] wraps the
+//! `h3-quinn` connection and reads each unidirectional stream's type
+//! first, so that Skirr enforces what RFC 9114 and RFC 9204 require:
+//!
+//! * a push stream (type 0x01) from the client is a connection error
+//!   `H3_STREAM_CREATION_ERROR` (RFC 9114 §6.2.2);
+//! * the QPACK encoder and decoder streams are read for their whole life
+//!   ([`watch`]): the server advertises no dynamic table (capacity 0), so
+//!   on the encoder stream only "Set Dynamic Table Capacity 0" is valid
+//!   (anything else is `QPACK_ENCODER_STREAM_ERROR`, RFC 9204 §4.3.1,
+//!   §3.2.2), and on the decoder stream only Stream Cancellation (a Section
+//!   Acknowledgment or an Insert Count Increment refers to what was never
+//!   sent: `QPACK_DECODER_STREAM_ERROR`, §4.4.1, §4.4.3); closing either is
+//!   `H3_CLOSED_CRITICAL_STREAM` (§4.2). h3 is handed a stand-in that
+//!   carries the type only, so it still counts them (a second one is its
+//!   `H3_STREAM_CREATION_ERROR`).
+//!
+//! Every other stream (control, unknown types) reaches h3 unchanged, the
+//! bytes read for its type replayed first. Streams whose type has not
+//! arrived are held in a list bounded by QUIC's limit on the client's
+//! unidirectional streams (quinn's default, 100).
+
+use std::future::poll_fn;
+use std::task::{Context, Poll};
+
+use ::h3::error::Code;
+use ::h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId};
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Unidirectional stream types (RFC 9114 §6.2.2, RFC 9204 §4.2).
+const PUSH: u64 = 0x01;
+const QPACK_ENCODER: u64 = 0x02;
+const QPACK_DECODER: u64 = 0x03;
+
+/// An `h3-quinn` connection whose unidirectional streams are typed first
+/// (see the module docs).
+pub(crate) struct Guarded {
+    inner: h3_quinn::Connection,
+    /// For closing the connection from a QPACK stream's [`watch`].
+    qconn: quinn::Connection,
+    /// Accepted streams whose type has not fully arrived.
+    typing: Vec<Typing>,
+}
+
+impl Guarded {
+    /// Wraps the QUIC connection `qconn` for h3.
+    pub(crate) fn new(qconn: quinn::Connection) -> Self {
+        Guarded {
+            inner: h3_quinn::Connection::new(qconn.clone()),
+            qconn,
+            typing: Vec::new(),
+        }
+    }
+
+    /// Decides what becomes of a stream whose type is `ty`: `None` if h3
+    /// does not get it.
+    fn classify(&self, t: Typing, ty: u64, len: usize) -> Option<GuardedRecv> {
+        let id = quic::RecvStream::recv_id(&t.stream);
+        match ty {
+            PUSH => {
+                close(
+                    &self.qconn,
+                    Code::H3_STREAM_CREATION_ERROR,
+                    "push stream from a client",
+                );
+                None
+            }
+            QPACK_ENCODER | QPACK_DECODER => {
+                let mut head = t.head.freeze();
+                let rest = head.split_off(len);
+                tokio::spawn(watch(
+                    t.stream,
+                    rest,
+                    ty == QPACK_ENCODER,
+                    self.qconn.clone(),
+                ));
+                Some(GuardedRecv {
+                    id,
+                    head: Some(head),
+                    stream: None,
+                })
+            }
+            _ => Some(GuardedRecv {
+                id,
+                head: Some(t.head.freeze()),
+                stream: Some(t.stream),
+            }),
+        }
+    }
+}
+
+fn close(qconn: &quinn::Connection, code: Code, why: &str) {
+    tracing::debug!("HTTP/3 connection error {code}: {why}");
+    qconn.close(
+        quinn::VarInt::from_u64(code.value()).unwrap_or_default(),
+        why.as_bytes(),
+    );
+}
+
+/// A unidirectional stream being read for its type.
+struct Typing {
+    stream: h3_quinn::RecvStream,
+    head: BytesMut,
+}
+
+impl Typing {
+    /// The stream's type and its length in bytes once read; `None` if the
+    /// stream ended or failed first (tolerated, RFC 9114 §6.2).
+    fn poll_type(&mut self, cx: &mut Context<'_>) -> Poll<Option<(u64, usize)>> {
+        loop {
+            if let Some(t) = varint(&self.head) {
+                return Poll::Ready(Some(t));
+            }
+            match quic::RecvStream::poll_data(&mut self.stream, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(Some(b))) => self.head.extend_from_slice(&b),
+                Poll::Ready(Ok(None) | Err(_)) => return Poll::Ready(None),
+            }
+        }
+    }
+}
+
+/// A QUIC variable-length integer at the start of `b` (RFC 9000 §16) and
+/// its length, if all of it is there.
+fn varint(b: &[u8]) -> Option<(u64, usize)> {
+    let first = *b.first()?;
+    let len = 1usize << (first >> 6);
+    let bytes = b.get(..len)?;
+    let v = bytes[1..]
+        .iter()
+        .fold(u64::from(first & 0x3f), |v, &x| (v << 8) | u64::from(x));
+    Some((v, len))
+}
+
+/// What a QPACK stream may carry to a side with no dynamic table.
+#[derive(Default)]
+struct Instructions {
+    encoder: bool,
+    /// Inside a Stream Cancellation's multi-byte stream id.
+    more: bool,
+}
+
+impl Instructions {
+    /// Checks the next bytes of the stream; the connection error if they
+    /// are not allowed.
+    fn feed(&mut self, bytes: &[u8]) -> Result<(), Code> {
+        for &b in bytes {
+            if self.more {
+                self.more = b & 0x80 != 0;
+            } else if self.encoder {
+                // 0x20: Set Dynamic Table Capacity 0, the only instruction
+                // a table of capacity 0 allows (an insert or duplicate, or
+                // any other capacity, is an error).
+                if b != 0x20 {
+                    return Err(Code::QPACK_ENCODER_STREAM_ERROR);
+                }
+            } else if b >> 6 == 0b01 {
+                // Stream Cancellation, a 6-bit prefix integer.
+                self.more = b & 0x3f == 0x3f;
+            } else {
+                return Err(Code::QPACK_DECODER_STREAM_ERROR);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the client's QPACK encoder (`encoder`) or decoder stream until
+/// the connection ends, closing it on an instruction not allowed or on the
+/// stream's end (see the module docs). `rest`: bytes read after its type.
+async fn watch(
+    mut stream: h3_quinn::RecvStream,
+    rest: Bytes,
+    encoder: bool,
+    qconn: quinn::Connection,
+) {
+    let mut check = Instructions {
+        encoder,
+        more: false,
+    };
+    let mut next = rest;
+    loop {
+        if let Err(code) = check.feed(&next) {
+            close(
+                &qconn,
+                code,
+                "QPACK instruction not allowed without a dynamic table",
+            );
+            return;
+        }
+        next = match poll_fn(|cx| quic::RecvStream::poll_data(&mut stream, cx)).await {
+            Ok(Some(b)) => b,
+            Ok(None) | Err(StreamErrorIncoming::StreamTerminated { .. }) => {
+                close(
+                    &qconn,
+                    Code::H3_CLOSED_CRITICAL_STREAM,
+                    "QPACK stream closed",
+                );
+                return;
+            }
+            // The connection is gone.
+            Err(_) => return,
+        };
+    }
+}
+
+/// A unidirectional stream as h3 gets it: the bytes read for its type,
+/// then the rest of the stream, or nothing more for a QPACK stream that
+/// [`watch`] reads.
+pub(crate) struct GuardedRecv {
+    id: StreamId,
+    head: Option<Bytes>,
+    stream: Option<h3_quinn::RecvStream>,
+}
+
+impl quic::RecvStream for GuardedRecv {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        if let Some(head) = self.head.take() {
+            return Poll::Ready(Ok(Some(head)));
+        }
+        match &mut self.stream {
+            Some(s) => s.poll_data(cx),
+            // h3 reads no further than the type of a QPACK stream.
+            None => Poll::Pending,
+        }
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        if let Some(s) = &mut self.stream {
+            s.stop_sending(error_code);
+        }
+    }
+
+    fn recv_id(&self) -> StreamId {
+        self.id
+    }
+}
+
+impl<B: Buf> quic::Connection<B> for Guarded {
+    type RecvStream = GuardedRecv;
+    type OpenStreams = h3_quinn::OpenStreams;
+
+    fn poll_accept_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<GuardedRecv, ConnectionErrorIncoming>> {
+        loop {
+            match quic::Connection::<B>::poll_accept_recv(&mut self.inner, cx) {
+                Poll::Ready(Ok(stream)) => self.typing.push(Typing {
+                    stream,
+                    head: BytesMut::new(),
+                }),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
+            }
+        }
+        let mut i = 0;
+        while i < self.typing.len() {
+            match self.typing[i].poll_type(cx) {
+                Poll::Pending => i += 1,
+                Poll::Ready(typed) => {
+                    let t = self.typing.swap_remove(i);
+                    if let Some(r) = typed.and_then(|(ty, len)| self.classify(t, ty, len)) {
+                        return Poll::Ready(Ok(r));
+                    }
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    fn poll_accept_bidi(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<h3_quinn::BidiStream<B>, ConnectionErrorIncoming>> {
+        quic::Connection::<B>::poll_accept_bidi(&mut self.inner, cx)
+    }
+
+    fn opener(&self) -> h3_quinn::OpenStreams {
+        quic::Connection::<B>::opener(&self.inner)
+    }
+}
+
+impl<B: Buf> quic::OpenStreams<B> for Guarded {
+    type BidiStream = h3_quinn::BidiStream<B>;
+    type SendStream = h3_quinn::SendStream<B>;
+
+    fn poll_open_bidi(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
+        quic::OpenStreams::<B>::poll_open_bidi(&mut self.inner, cx)
+    }
+
+    fn poll_open_send(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::SendStream, StreamErrorIncoming>> {
+        quic::OpenStreams::<B>::poll_open_send(&mut self.inner, cx)
+    }
+
+    fn close(&mut self, code: Code, reason: &[u8]) {
+        quic::OpenStreams::<B>::close(&mut self.inner, code, reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varint_needs_all_its_bytes() {
+        assert_eq!(varint(&[0x02]), Some((2, 1)));
+        assert_eq!(varint(&[0x40, 0x21]), Some((0x21, 2)));
+        assert_eq!(varint(&[0x40]), None);
+        assert_eq!(varint(&[]), None);
+    }
+
+    #[test]
+    fn without_a_dynamic_table_only_capacity_0_and_cancellations_pass() {
+        let enc = || Instructions {
+            encoder: true,
+            more: false,
+        };
+        assert_eq!(enc().feed(&[0x20, 0x20]), Ok(()));
+        // Capacity 4096, an insert with a static name reference, a duplicate.
+        for bad in [&[0x3f, 0xe1, 0x1f][..], &[0xc0, 0x01, b'v'], &[0x00]] {
+            assert_eq!(enc().feed(bad), Err(Code::QPACK_ENCODER_STREAM_ERROR));
+        }
+        let mut dec = Instructions::default();
+        // Stream Cancellation of stream 4, then of stream 200 (multi-byte).
+        assert_eq!(dec.feed(&[0x44, 0x7f, 0x89]), Ok(()));
+        assert_eq!(dec.feed(&[0x01, 0x40]), Ok(()));
+        // A Section Acknowledgment, an Insert Count Increment.
+        for bad in [0x84u8, 0x01] {
+            assert_eq!(
+                Instructions::default().feed(&[bad]),
+                Err(Code::QPACK_DECODER_STREAM_ERROR)
+            );
+        }
+    }
+}
