@@ -32,9 +32,11 @@ from h3frames import (  # noqa: E402
     H3_CLOSED_CRITICAL_STREAM,
     H3_FRAME_ERROR,
     H3_FRAME_UNEXPECTED,
+    H3_ID_ERROR,
     H3_MESSAGE_ERROR,
     H3_MISSING_SETTINGS,
     H3_NO_ERROR,
+    H3_REQUEST_INCOMPLETE,
     H3_REQUEST_REJECTED,
     H3_SETTINGS_ERROR,
     H3_STREAM_CREATION_ERROR,
@@ -333,6 +335,68 @@ def test_5_2_a_client_goaway_lets_the_request_in_flight_finish(server):
     r, end = run(go())
     assert (r.status, r.body) == (200, b"slept")
     assert end.error_code == H3_NO_ERROR
+
+
+def test_5_2_a_client_goaway_with_a_larger_id_than_before_is_an_id_error(server):
+    """§5.2: each GOAWAY's identifier MUST NOT be greater than the last;
+    receiving a larger one is a connection error H3_ID_ERROR."""
+
+    async def go():
+        async with conn(server) as c:
+            sid = c.request("GET", "/sleep?secs=1")
+            await served(c)  # the request above was accepted before this one
+            c.send(c.control, frame(GOAWAY, encode_uint_var(4)) + frame(GOAWAY, encode_uint_var(8)))
+            end = await c.closed()
+            assert end.error_code == H3_ID_ERROR, (hex(end.error_code), end.reason_phrase)
+            assert c.response(sid).status == 0
+        async with conn(server) as fresh:
+            await served(fresh)
+
+    run(go())
+
+
+def test_7_2_3_cancel_push_for_a_push_never_promised_is_an_id_error(server):
+    """§7.2.3: a server that receives CANCEL_PUSH for a push ID no
+    PUSH_PROMISE mentioned (Skirr never pushes) MUST treat it as a
+    connection error H3_ID_ERROR."""
+
+    async def go():
+        async with conn(server) as c:
+            await served(c)
+            c.send(c.control, frame(CANCEL_PUSH, encode_uint_var(0)))
+            await connection_error(c, server, H3_ID_ERROR)
+
+    run(go())
+
+
+def test_7_2_7_a_max_push_id_lower_than_before_is_an_id_error(server):
+    """§7.2.7: MAX_PUSH_ID cannot reduce the maximum push ID: a smaller
+    value than before is a connection error H3_ID_ERROR (an equal or larger
+    one is fine)."""
+
+    async def go():
+        async with conn(server) as c:
+            c.send(c.control, frame(MAX_PUSH_ID, encode_uint_var(5)) + frame(MAX_PUSH_ID, encode_uint_var(5)))
+            await served(c)
+            c.send(c.control, frame(MAX_PUSH_ID, encode_uint_var(300)))
+            await served(c)
+            c.send(c.control, frame(MAX_PUSH_ID, encode_uint_var(4)))
+            await connection_error(c, server, H3_ID_ERROR)
+
+    run(go())
+
+
+def test_4_1_a_request_stream_ended_without_headers_is_request_incomplete(server):
+    """§4.1: a request stream that ends before a complete request: the
+    server SHOULD abort the response with H3_REQUEST_INCOMPLETE (a stream
+    error: the connection goes on)."""
+
+    async def go():
+        async with conn(server) as c:
+            sid = c.bidi(b"", end=True)
+            await stream_error(c, sid, H3_REQUEST_INCOMPLETE)
+
+    run(go())
 
 
 # --- §4.1.2, §4.3 malformed requests ------------------------------------------

@@ -19,8 +19,13 @@
 //!   carries the type only, so it still counts them (a second one is its
 //!   `H3_STREAM_CREATION_ERROR`).
 //!
-//! Every other stream (control, unknown types) reaches h3 unchanged, the
-//! bytes read for its type replayed first. Streams whose type has not
+//! * on the control stream, which h3 gets as sent, Skirr also reads the
+//!   push frames h3 0.0.8 ignores ([`ControlCheck`]): a CANCEL_PUSH (Skirr
+//!   never pushes, so it names a push never promised, RFC 9114 §7.2.3) and
+//!   a MAX_PUSH_ID lower than the one before (§7.2.7) are `H3_ID_ERROR`.
+//!
+//! Every other stream (unknown types) reaches h3 unchanged, the bytes
+//! read for its type replayed first. Streams whose type has not
 //! arrived are held in a list bounded by QUIC's limit on the client's
 //! unidirectional streams (quinn's default, 100).
 
@@ -32,6 +37,7 @@ use ::h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId};
 use bytes::{Buf, Bytes, BytesMut};
 
 /// Unidirectional stream types (RFC 9114 §6.2.2, RFC 9204 §4.2).
+const CONTROL: u64 = 0x00;
 const PUSH: u64 = 0x01;
 const QPACK_ENCODER: u64 = 0x02;
 const QPACK_DECODER: u64 = 0x03;
@@ -82,12 +88,14 @@ impl Guarded {
                     id,
                     head: Some(head),
                     stream: None,
+                    control: None,
                 })
             }
             _ => Some(GuardedRecv {
                 id,
                 head: Some(t.head.freeze()),
                 stream: Some(t.stream),
+                control: (ty == CONTROL).then(|| (ControlCheck::new(len), self.qconn.clone())),
             }),
         }
     }
@@ -208,13 +216,94 @@ async fn watch(
     }
 }
 
+/// Frame types of the push frames on the control stream (RFC 9114 §7.2).
+const CANCEL_PUSH: u64 = 0x03;
+const MAX_PUSH_ID: u64 = 0x0d;
+
+/// Reads the frames of the client's control stream as they pass to h3,
+/// for the push frames h3 0.0.8 ignores (see the module docs). Holds at
+/// most one frame header and one push frame's payload (a varint): the
+/// other frames' payloads are counted off, not kept.
+struct ControlCheck {
+    /// Bytes still to pass over: the stream type, then a frame's payload.
+    skip: u64,
+    /// A frame header, or a push frame, read so far (at most 24 bytes).
+    pending: Vec<u8>,
+    /// The largest push ID a MAX_PUSH_ID allowed.
+    max_push_id: Option<u64>,
+}
+
+impl ControlCheck {
+    /// The check of a control stream whose type took `type_len` bytes.
+    fn new(type_len: usize) -> Self {
+        ControlCheck {
+            skip: type_len as u64,
+            pending: Vec::new(),
+            max_push_id: None,
+        }
+    }
+
+    /// Checks the stream's next bytes; why the connection must close
+    /// (H3_ID_ERROR), if it must.
+    fn feed(&mut self, bytes: &[u8]) -> Result<(), &'static str> {
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.skip > 0 {
+                let n = (bytes.len() - i).min(usize::try_from(self.skip).unwrap_or(usize::MAX));
+                self.skip -= n as u64;
+                i += n;
+                continue;
+            }
+            self.pending.push(bytes[i]);
+            i += 1;
+            let Some((ty, a)) = varint(&self.pending) else {
+                continue;
+            };
+            let Some((len, b)) = varint(&self.pending[a..]) else {
+                continue;
+            };
+            // A push frame's payload is one varint; a longer one is h3's
+            // H3_FRAME_ERROR, and passed over here.
+            if (ty == CANCEL_PUSH || ty == MAX_PUSH_ID) && len <= 8 {
+                let end = a + b + len as usize;
+                if self.pending.len() < end {
+                    continue;
+                }
+                let payload = &self.pending[a + b..end];
+                if let Some((id, n)) = varint(payload) {
+                    if n == payload.len() {
+                        self.push_frame(ty, id)?;
+                    }
+                }
+            } else {
+                self.skip = len;
+            }
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    fn push_frame(&mut self, ty: u64, id: u64) -> Result<(), &'static str> {
+        if ty == CANCEL_PUSH {
+            return Err("CANCEL_PUSH for a push never promised");
+        }
+        if self.max_push_id.is_some_and(|m| id < m) {
+            return Err("MAX_PUSH_ID lower than before");
+        }
+        self.max_push_id = Some(id);
+        Ok(())
+    }
+}
+
 /// A unidirectional stream as h3 gets it: the bytes read for its type,
 /// then the rest of the stream, or nothing more for a QPACK stream that
-/// [`watch`] reads.
+/// [`watch`] reads. A control stream's frames are checked on the way
+/// ([`ControlCheck`]; the connection to close).
 pub(crate) struct GuardedRecv {
     id: StreamId,
     head: Option<Bytes>,
     stream: Option<h3_quinn::RecvStream>,
+    control: Option<(ControlCheck, quinn::Connection)>,
 }
 
 impl quic::RecvStream for GuardedRecv {
@@ -224,14 +313,18 @@ impl quic::RecvStream for GuardedRecv {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        if let Some(head) = self.head.take() {
-            return Poll::Ready(Ok(Some(head)));
-        }
-        match &mut self.stream {
-            Some(s) => s.poll_data(cx),
+        let got = match (self.head.take(), &mut self.stream) {
+            (Some(head), _) => Poll::Ready(Ok(Some(head))),
+            (None, Some(s)) => s.poll_data(cx),
             // h3 reads no further than the type of a QPACK stream.
-            None => Poll::Pending,
+            (None, None) => Poll::Pending,
+        };
+        if let (Poll::Ready(Ok(Some(b))), Some((check, qconn))) = (&got, &mut self.control) {
+            if let Err(why) = check.feed(b) {
+                close(qconn, Code::H3_ID_ERROR, why);
+            }
         }
+        got
     }
 
     fn stop_sending(&mut self, error_code: u64) {
@@ -323,6 +416,23 @@ mod tests {
         assert_eq!(varint(&[0x40, 0x21]), Some((0x21, 2)));
         assert_eq!(varint(&[0x40]), None);
         assert_eq!(varint(&[]), None);
+    }
+
+    #[test]
+    fn control_frames_are_followed_across_chunks() {
+        let mut c = ControlCheck::new(1);
+        // Stream type, SETTINGS (2 bytes of payload), a grease frame of 3.
+        assert_eq!(c.feed(&[0x00, 0x04, 0x02, 0x06]), Ok(()));
+        assert_eq!(c.feed(&[0x01, 0x21, 0x03, 0x0d, 0x0d, 0x0d]), Ok(()));
+        // MAX_PUSH_ID 5, split; then 300 (two-byte varint); then 300 again.
+        assert_eq!(c.feed(&[0x0d, 0x01]), Ok(()));
+        assert_eq!(c.feed(&[0x05, 0x0d, 0x02, 0x41]), Ok(()));
+        assert_eq!(c.feed(&[0x2c, 0x0d, 0x02, 0x41, 0x2c]), Ok(()));
+        assert_eq!(c.max_push_id, Some(300));
+        assert!(c.feed(&[0x0d, 0x01, 0x04]).is_err());
+        assert!(ControlCheck::new(1)
+            .feed(&[0x00, 0x03, 0x01, 0x00])
+            .is_err());
     }
 
     #[test]
