@@ -18,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::http::body::ResponseBody;
 
 /// The receiving half of a request stream.
-pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+pub(crate) type RecvHalf = RequestStream<super::guard::GuardedRecvHalf, Bytes>;
 /// The sending half of a request stream.
 pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
@@ -148,7 +148,7 @@ impl H3Body {
                 }
                 Poll::Ready(Err(e)) => {
                     self.stage = Stage::Done;
-                    self.error = Some(BodyError::Stream(e));
+                    self.error = Some(self.failed(e));
                     break;
                 }
             }
@@ -191,7 +191,7 @@ impl H3Body {
             }
             Poll::Ready(Err(e)) => {
                 self.stage = Stage::Done;
-                Poll::Ready(Some(Err(BodyError::Stream(e))))
+                Poll::Ready(Some(Err(self.failed(e))))
             }
         }
     }
@@ -232,6 +232,18 @@ impl Body for H3Body {
 }
 
 impl H3Body {
+    /// The body's error for the stream's `e`. A field section the stream's
+    /// check found malformed (pseudo-headers in trailers: `e` is
+    /// `H3_MESSAGE_ERROR`, see [`super::guard`]) makes the request
+    /// malformed.
+    fn failed(&mut self, e: ::h3::error::StreamError) -> BodyError {
+        if matches!(&e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code == MESSAGE_ERROR)
+        {
+            self.malformed.store(true, Ordering::Relaxed);
+        }
+        BodyError::Stream(e)
+    }
+
     /// Bytes read by [`H3Body::prime`] and not handed out yet.
     fn pending(&self) -> u64 {
         self.first.as_ref().map_or(0, |d| d.len() as u64)

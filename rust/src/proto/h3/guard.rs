@@ -36,6 +36,8 @@ use ::h3::error::Code;
 use ::h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId};
 use bytes::{Buf, Bytes, BytesMut};
 
+use super::head::HeadCheck;
+
 /// Unidirectional stream types (RFC 9114 §6.2.2, RFC 9204 §4.2).
 const CONTROL: u64 = 0x00;
 const PUSH: u64 = 0x01;
@@ -134,7 +136,7 @@ impl Typing {
 
 /// A QUIC variable-length integer at the start of `b` (RFC 9000 §16) and
 /// its length, if all of it is there.
-fn varint(b: &[u8]) -> Option<(u64, usize)> {
+pub(crate) fn varint(b: &[u8]) -> Option<(u64, usize)> {
     let first = *b.first()?;
     let len = 1usize << (first >> 6);
     let bytes = b.get(..len)?;
@@ -340,7 +342,7 @@ impl quic::RecvStream for GuardedRecv {
 
 impl<B: Buf> quic::Connection<B> for Guarded {
     type RecvStream = GuardedRecv;
-    type OpenStreams = h3_quinn::OpenStreams;
+    type OpenStreams = Opener;
 
     fn poll_accept_recv(
         &mut self,
@@ -374,24 +376,196 @@ impl<B: Buf> quic::Connection<B> for Guarded {
     fn poll_accept_bidi(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<h3_quinn::BidiStream<B>, ConnectionErrorIncoming>> {
-        quic::Connection::<B>::poll_accept_bidi(&mut self.inner, cx)
+    ) -> Poll<Result<GuardedBidi<B>, ConnectionErrorIncoming>> {
+        quic::Connection::<B>::poll_accept_bidi(&mut self.inner, cx).map_ok(GuardedBidi::new)
     }
 
-    fn opener(&self) -> h3_quinn::OpenStreams {
-        quic::Connection::<B>::opener(&self.inner)
+    fn opener(&self) -> Opener {
+        Opener(quic::Connection::<B>::opener(&self.inner))
+    }
+}
+
+/// The connection's stream opener for h3 (its bidirectional streams
+/// wrapped as accepted ones are; the server opens none).
+pub(crate) struct Opener(h3_quinn::OpenStreams);
+
+impl<B: Buf> quic::OpenStreams<B> for Opener {
+    type BidiStream = GuardedBidi<B>;
+    type SendStream = h3_quinn::SendStream<B>;
+
+    fn poll_open_bidi(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<GuardedBidi<B>, StreamErrorIncoming>> {
+        quic::OpenStreams::<B>::poll_open_bidi(&mut self.0, cx).map_ok(GuardedBidi::new)
+    }
+
+    fn poll_open_send(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::SendStream, StreamErrorIncoming>> {
+        quic::OpenStreams::<B>::poll_open_send(&mut self.0, cx)
+    }
+
+    fn close(&mut self, code: Code, reason: &[u8]) {
+        quic::OpenStreams::<B>::close(&mut self.0, code, reason)
+    }
+}
+
+/// The stream error a malformed field section is (RFC 9114 §4.1.2).
+const MESSAGE_ERROR: u64 = 0x10e;
+
+/// A request stream whose field sections are checked as h3 reads them
+/// ([`HeadCheck`]): a malformed request head resets the stream and stops
+/// its sending (`H3_MESSAGE_ERROR`), and h3 gets that as the stream's
+/// error, so the request never reaches the app.
+pub(crate) struct GuardedBidi<B: Buf> {
+    inner: h3_quinn::BidiStream<B>,
+    check: HeadCheck,
+}
+
+impl<B: Buf> GuardedBidi<B> {
+    fn new(inner: h3_quinn::BidiStream<B>) -> Self {
+        GuardedBidi {
+            inner,
+            check: HeadCheck::default(),
+        }
+    }
+}
+
+/// Reads `stream` through `check`: a malformed field section becomes the
+/// stream error h3 sees, at that read and every later one (the caller
+/// stops the stream).
+fn checked<S: quic::RecvStream<Buf = Bytes>>(
+    stream: &mut S,
+    check: &mut HeadCheck,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+    let message_error = || {
+        Poll::Ready(Err(StreamErrorIncoming::StreamTerminated {
+            error_code: MESSAGE_ERROR,
+        }))
+    };
+    if check.failed {
+        return message_error();
+    }
+    let got = quic::RecvStream::poll_data(stream, cx);
+    if let Poll::Ready(Ok(Some(b))) = &got {
+        if check.feed(b).is_err() {
+            return message_error();
+        }
+    }
+    got
+}
+
+impl<B: Buf> quic::RecvStream for GuardedBidi<B> {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        let was = self.check.failed;
+        let got = checked(&mut self.inner, &mut self.check, cx);
+        if self.check.failed && !was {
+            quic::SendStream::<B>::reset(&mut self.inner, MESSAGE_ERROR);
+            quic::RecvStream::stop_sending(&mut self.inner, MESSAGE_ERROR);
+        }
+        got
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        self.inner.stop_sending(error_code)
+    }
+
+    fn recv_id(&self) -> StreamId {
+        self.inner.recv_id()
+    }
+}
+
+impl<B: Buf> quic::SendStream<B> for GuardedBidi<B> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn send_data<T: Into<quic::WriteBuf<B>>>(
+        &mut self,
+        data: T,
+    ) -> Result<(), StreamErrorIncoming> {
+        self.inner.send_data(data)
+    }
+
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        self.inner.poll_finish(cx)
+    }
+
+    fn reset(&mut self, reset_code: u64) {
+        self.inner.reset(reset_code)
+    }
+
+    fn send_id(&self) -> StreamId {
+        self.inner.send_id()
+    }
+}
+
+impl<B: Buf> quic::BidiStream<B> for GuardedBidi<B> {
+    type SendStream = h3_quinn::SendStream<B>;
+    type RecvStream = GuardedRecvHalf;
+
+    fn split(self) -> (Self::SendStream, GuardedRecvHalf) {
+        let (send, recv) = self.inner.split();
+        (
+            send,
+            GuardedRecvHalf {
+                inner: recv,
+                check: self.check,
+            },
+        )
+    }
+}
+
+/// The receiving half of a request stream, its trailers checked
+/// ([`HeadCheck`]): pseudo-header fields in them stop the stream's sending
+/// (`H3_MESSAGE_ERROR`) and are the body's error, which the response then
+/// answers with a reset ([`super::body`]).
+pub(crate) struct GuardedRecvHalf {
+    inner: h3_quinn::RecvStream,
+    check: HeadCheck,
+}
+
+impl quic::RecvStream for GuardedRecvHalf {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        let was = self.check.failed;
+        let got = checked(&mut self.inner, &mut self.check, cx);
+        if self.check.failed && !was {
+            self.inner.stop_sending(MESSAGE_ERROR);
+        }
+        got
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        self.inner.stop_sending(error_code)
+    }
+
+    fn recv_id(&self) -> StreamId {
+        self.inner.recv_id()
     }
 }
 
 impl<B: Buf> quic::OpenStreams<B> for Guarded {
-    type BidiStream = h3_quinn::BidiStream<B>;
+    type BidiStream = GuardedBidi<B>;
     type SendStream = h3_quinn::SendStream<B>;
 
     fn poll_open_bidi(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
-        quic::OpenStreams::<B>::poll_open_bidi(&mut self.inner, cx)
+        quic::OpenStreams::<B>::poll_open_bidi(&mut self.inner, cx).map_ok(GuardedBidi::new)
     }
 
     fn poll_open_send(

@@ -12,7 +12,9 @@
 //! is the request body ([`body::H3Body`]), the response is written on its
 //! sending half ([`body::respond`]). The client's unidirectional streams
 //! are typed first ([`guard`]): a push stream, and QPACK instructions a
-//! server without a dynamic table cannot take, are connection errors.
+//! server without a dynamic table cannot take, are connection errors; the
+//! field sections of request streams are checked on their way to h3 for
+//! the malformed ones h3 lets through ([`head`]).
 //!
 //! Limits: `http2_max_concurrent_streams` bidirectional streams per
 //! connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
@@ -34,6 +36,7 @@ pub(crate) mod bpf;
 pub(crate) mod cid;
 pub(crate) mod deadline;
 pub(crate) mod guard;
+pub(crate) mod head;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
