@@ -18,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::http::body::ResponseBody;
 
 /// The receiving half of a request stream.
-pub(crate) type RecvHalf = RequestStream<super::guard::GuardedRecvHalf, Bytes>;
+pub(crate) type RecvHalf = RequestStream<super::head::GuardedRecvHalf, Bytes>;
 /// The sending half of a request stream.
 pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
@@ -234,7 +234,7 @@ impl Body for H3Body {
 impl H3Body {
     /// The body's error for the stream's `e`. A field section the stream's
     /// check found malformed (pseudo-headers in trailers: `e` is
-    /// `H3_MESSAGE_ERROR`, see [`super::guard`]) makes the request
+    /// `H3_MESSAGE_ERROR`, see [`super::head`]) makes the request
     /// malformed.
     fn failed(&mut self, e: ::h3::error::StreamError) -> BodyError {
         if matches!(&e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code == MESSAGE_ERROR)

@@ -17,8 +17,7 @@
 //!   sent: `QPACK_DECODER_STREAM_ERROR`, §4.4.1, §4.4.3); closing either is
 //!   `H3_CLOSED_CRITICAL_STREAM` (§4.2). h3 is handed a stand-in that
 //!   carries the type only, so it still counts them (a second one is its
-//!   `H3_STREAM_CREATION_ERROR`).
-//!
+//!   `H3_STREAM_CREATION_ERROR`);
 //! * on the control stream, which h3 gets as sent, Skirr also reads the
 //!   push frames h3 0.0.8 ignores ([`ControlCheck`]): a CANCEL_PUSH (Skirr
 //!   never pushes, so it names a push never promised, RFC 9114 §7.2.3) and
@@ -27,7 +26,9 @@
 //! Every other stream (unknown types) reaches h3 unchanged, the bytes
 //! read for its type replayed first. Streams whose type has not
 //! arrived are held in a list bounded by QUIC's limit on the client's
-//! unidirectional streams (quinn's default, 100).
+//! unidirectional streams (quinn's default, 100). Request streams are
+//! handed to h3 wrapped as [`GuardedBidi`], which checks their field
+//! sections ([`super::head`]).
 
 use std::future::poll_fn;
 use std::task::{Context, Poll};
@@ -36,7 +37,7 @@ use ::h3::error::Code;
 use ::h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId};
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::head::HeadCheck;
+use super::head::GuardedBidi;
 
 /// Unidirectional stream types (RFC 9114 §6.2.2, RFC 9204 §4.2).
 const CONTROL: u64 = 0x00;
@@ -409,151 +410,6 @@ impl<B: Buf> quic::OpenStreams<B> for Opener {
 
     fn close(&mut self, code: Code, reason: &[u8]) {
         quic::OpenStreams::<B>::close(&mut self.0, code, reason)
-    }
-}
-
-/// The stream error a malformed field section is (RFC 9114 §4.1.2).
-const MESSAGE_ERROR: u64 = 0x10e;
-
-/// A request stream whose field sections are checked as h3 reads them
-/// ([`HeadCheck`]): a malformed request head resets the stream and stops
-/// its sending (`H3_MESSAGE_ERROR`), and h3 gets that as the stream's
-/// error, so the request never reaches the app.
-pub(crate) struct GuardedBidi<B: Buf> {
-    inner: h3_quinn::BidiStream<B>,
-    check: HeadCheck,
-}
-
-impl<B: Buf> GuardedBidi<B> {
-    fn new(inner: h3_quinn::BidiStream<B>) -> Self {
-        GuardedBidi {
-            inner,
-            check: HeadCheck::default(),
-        }
-    }
-}
-
-/// Reads `stream` through `check`: a malformed field section becomes the
-/// stream error h3 sees, at that read and every later one (the caller
-/// stops the stream).
-fn checked<S: quic::RecvStream<Buf = Bytes>>(
-    stream: &mut S,
-    check: &mut HeadCheck,
-    cx: &mut Context<'_>,
-) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-    let message_error = || {
-        Poll::Ready(Err(StreamErrorIncoming::StreamTerminated {
-            error_code: MESSAGE_ERROR,
-        }))
-    };
-    if check.failed {
-        return message_error();
-    }
-    let got = quic::RecvStream::poll_data(stream, cx);
-    if let Poll::Ready(Ok(Some(b))) = &got {
-        if check.feed(b).is_err() {
-            return message_error();
-        }
-    }
-    got
-}
-
-impl<B: Buf> quic::RecvStream for GuardedBidi<B> {
-    type Buf = Bytes;
-
-    fn poll_data(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        let was = self.check.failed;
-        let got = checked(&mut self.inner, &mut self.check, cx);
-        if self.check.failed && !was {
-            quic::SendStream::<B>::reset(&mut self.inner, MESSAGE_ERROR);
-            quic::RecvStream::stop_sending(&mut self.inner, MESSAGE_ERROR);
-        }
-        got
-    }
-
-    fn stop_sending(&mut self, error_code: u64) {
-        self.inner.stop_sending(error_code)
-    }
-
-    fn recv_id(&self) -> StreamId {
-        self.inner.recv_id()
-    }
-}
-
-impl<B: Buf> quic::SendStream<B> for GuardedBidi<B> {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn send_data<T: Into<quic::WriteBuf<B>>>(
-        &mut self,
-        data: T,
-    ) -> Result<(), StreamErrorIncoming> {
-        self.inner.send_data(data)
-    }
-
-    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.inner.poll_finish(cx)
-    }
-
-    fn reset(&mut self, reset_code: u64) {
-        self.inner.reset(reset_code)
-    }
-
-    fn send_id(&self) -> StreamId {
-        self.inner.send_id()
-    }
-}
-
-impl<B: Buf> quic::BidiStream<B> for GuardedBidi<B> {
-    type SendStream = h3_quinn::SendStream<B>;
-    type RecvStream = GuardedRecvHalf;
-
-    fn split(self) -> (Self::SendStream, GuardedRecvHalf) {
-        let (send, recv) = self.inner.split();
-        (
-            send,
-            GuardedRecvHalf {
-                inner: recv,
-                check: self.check,
-            },
-        )
-    }
-}
-
-/// The receiving half of a request stream, its trailers checked
-/// ([`HeadCheck`]): pseudo-header fields in them stop the stream's sending
-/// (`H3_MESSAGE_ERROR`) and are the body's error, which the response then
-/// answers with a reset ([`super::body`]).
-pub(crate) struct GuardedRecvHalf {
-    inner: h3_quinn::RecvStream,
-    check: HeadCheck,
-}
-
-impl quic::RecvStream for GuardedRecvHalf {
-    type Buf = Bytes;
-
-    fn poll_data(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
-        let was = self.check.failed;
-        let got = checked(&mut self.inner, &mut self.check, cx);
-        if self.check.failed && !was {
-            self.inner.stop_sending(MESSAGE_ERROR);
-        }
-        got
-    }
-
-    fn stop_sending(&mut self, error_code: u64) {
-        self.inner.stop_sending(error_code)
-    }
-
-    fn recv_id(&self) -> StreamId {
-        self.inner.recv_id()
     }
 }
 

@@ -9,7 +9,15 @@
 //! (`QPACK_DECOMPRESSION_FAILED`) and is not looked at here. A literal name
 //! is compared with each pseudo-header name as sent plain and as sent
 //! Huffman-coded (RFC 7541 Appendix B: one encoding per name), so no
-//! Huffman decoder is needed.
+//! Huffman decoder is needed. [`GuardedBidi`] carries the check on the
+//! request streams the connection ([`super::guard::Guarded`]) accepts.
+
+use std::task::{Context, Poll};
+
+use ::h3::quic::{self, StreamErrorIncoming, StreamId};
+use bytes::{Buf, Bytes};
+
+use super::guard::varint;
 
 /// HEADERS frames longer than this are not checked (h3 answers a field
 /// section over `http2_max_header_list_size` with 431 anyway), bytes.
@@ -220,10 +228,10 @@ impl HeadCheck {
             }
             self.pending.push(bytes[i]);
             i += 1;
-            let Some((ty, a)) = super::guard::varint(&self.pending) else {
+            let Some((ty, a)) = varint(&self.pending) else {
                 continue;
             };
-            let Some((len, b)) = super::guard::varint(&self.pending[a..]) else {
+            let Some((len, b)) = varint(&self.pending[a..]) else {
                 continue;
             };
             if ty == HEADERS && len <= MAX_CHECKED {
@@ -233,6 +241,9 @@ impl HeadCheck {
                     self.check()?;
                 }
             } else {
+                // A HEADERS frame too long to check still counts: what
+                // follows it is trailers.
+                self.sections += u32::from(ty == HEADERS);
                 self.skip = len;
                 self.pending.clear();
             }
@@ -252,6 +263,151 @@ impl HeadCheck {
         } else {
             Ok(())
         }
+    }
+}
+
+/// The stream error a malformed field section is (RFC 9114 §4.1.2).
+const MESSAGE_ERROR: u64 = 0x10e;
+
+/// A request stream whose field sections are checked as h3 reads them
+/// ([`HeadCheck`]): a malformed request head resets the stream and stops
+/// its sending (`H3_MESSAGE_ERROR`), and h3 gets that as the stream's
+/// error, so the request never reaches the app.
+pub(crate) struct GuardedBidi<B: Buf> {
+    inner: h3_quinn::BidiStream<B>,
+    check: HeadCheck,
+}
+
+impl<B: Buf> GuardedBidi<B> {
+    pub(crate) fn new(inner: h3_quinn::BidiStream<B>) -> Self {
+        GuardedBidi {
+            inner,
+            check: HeadCheck::default(),
+        }
+    }
+}
+
+/// Reads `stream` through `check`: a malformed field section becomes the
+/// stream error h3 sees, at that read and every later one (the caller
+/// stops the stream).
+fn checked<S: quic::RecvStream<Buf = Bytes>>(
+    stream: &mut S,
+    check: &mut HeadCheck,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+    let message_error = || {
+        Poll::Ready(Err(StreamErrorIncoming::StreamTerminated {
+            error_code: MESSAGE_ERROR,
+        }))
+    };
+    if check.failed {
+        return message_error();
+    }
+    let got = quic::RecvStream::poll_data(stream, cx);
+    if let Poll::Ready(Ok(Some(b))) = &got {
+        if check.feed(b).is_err() {
+            return message_error();
+        }
+    }
+    got
+}
+
+impl<B: Buf> quic::RecvStream for GuardedBidi<B> {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        let was = self.check.failed;
+        let got = checked(&mut self.inner, &mut self.check, cx);
+        if self.check.failed && !was {
+            quic::SendStream::<B>::reset(&mut self.inner, MESSAGE_ERROR);
+            quic::RecvStream::stop_sending(&mut self.inner, MESSAGE_ERROR);
+        }
+        got
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        self.inner.stop_sending(error_code)
+    }
+
+    fn recv_id(&self) -> StreamId {
+        self.inner.recv_id()
+    }
+}
+
+impl<B: Buf> quic::SendStream<B> for GuardedBidi<B> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn send_data<T: Into<quic::WriteBuf<B>>>(
+        &mut self,
+        data: T,
+    ) -> Result<(), StreamErrorIncoming> {
+        self.inner.send_data(data)
+    }
+
+    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        self.inner.poll_finish(cx)
+    }
+
+    fn reset(&mut self, reset_code: u64) {
+        self.inner.reset(reset_code)
+    }
+
+    fn send_id(&self) -> StreamId {
+        self.inner.send_id()
+    }
+}
+
+impl<B: Buf> quic::BidiStream<B> for GuardedBidi<B> {
+    type SendStream = h3_quinn::SendStream<B>;
+    type RecvStream = GuardedRecvHalf;
+
+    fn split(self) -> (Self::SendStream, GuardedRecvHalf) {
+        let (send, recv) = self.inner.split();
+        (
+            send,
+            GuardedRecvHalf {
+                inner: recv,
+                check: self.check,
+            },
+        )
+    }
+}
+
+/// The receiving half of a request stream, its trailers checked
+/// ([`HeadCheck`]): pseudo-header fields in them stop the stream's sending
+/// (`H3_MESSAGE_ERROR`) and are the body's error, which the response then
+/// answers with a reset ([`super::body`]).
+pub(crate) struct GuardedRecvHalf {
+    inner: h3_quinn::RecvStream,
+    check: HeadCheck,
+}
+
+impl quic::RecvStream for GuardedRecvHalf {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        let was = self.check.failed;
+        let got = checked(&mut self.inner, &mut self.check, cx);
+        if self.check.failed && !was {
+            self.inner.stop_sending(MESSAGE_ERROR);
+        }
+        got
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        self.inner.stop_sending(error_code)
+    }
+
+    fn recv_id(&self) -> StreamId {
+        self.inner.recv_id()
     }
 }
 
