@@ -66,14 +66,15 @@ pub(crate) struct H3Body {
     first: Option<Bytes>,
     /// An error met after data that was handed out first.
     error: Option<BodyError>,
-    /// Set when the body does not match `declared`: the request is
-    /// malformed, and [`respond`] resets the stream instead of answering.
+    /// Set when the body does not match `declared`, or its trailers carry
+    /// a pseudo-header: the request is malformed, and [`respond`] resets
+    /// the stream instead of answering.
     malformed: Arc<AtomicBool>,
 }
 
 impl H3Body {
     /// The body of a request whose head declared `declared` bytes;
-    /// `malformed` is set if the body turns out not to match it.
+    /// `malformed` is set if the body turns out malformed.
     pub(crate) fn new(recv: RecvHalf, declared: Option<u64>, malformed: Arc<AtomicBool>) -> Self {
         H3Body {
             recv,
@@ -277,8 +278,8 @@ fn h3_head(headers: &mut HeaderMap) {
 
 const MESSAGE_ERROR: ::h3::error::Code = ::h3::error::Code::H3_MESSAGE_ERROR;
 
-/// Resets the response stream of a malformed request (its body did not
-/// match its `content-length`) in place of the answer; `true` if it did.
+/// Resets the response stream of a request found malformed while its body
+/// was read (see [`H3Body`]) in place of the answer; `true` if it did.
 fn reset_if_malformed(send: &mut SendHalf, malformed: &AtomicBool) -> bool {
     let bad = malformed.load(Ordering::Relaxed);
     if bad {
@@ -314,7 +315,10 @@ where
 /// app raised mid-stream) resets the stream, so the response cannot look
 /// complete. With `send_timeout` (`Some`), a write held back that long
 /// resets the stream (H3_REQUEST_CANCELLED, HTTP/2's CANCEL); returning
-/// drops the body, which tells the app `http.disconnect`.
+/// drops the body, which tells the app `http.disconnect`. A request found
+/// malformed while its body was read (`malformed`, see [`H3Body`]) gets a
+/// stream reset (H3_MESSAGE_ERROR) in place of the response, or of its
+/// rest.
 ///
 /// Errors: the stream's, when the client stopped reading it
 /// (STOP_SENDING) or the connection closed; dropping `resp`'s body then
