@@ -24,6 +24,8 @@
 //! `response_start_timeout` (503) for that stream only ([`deadline`]);
 //! `send_timeout`: a response piece QUIC flow control holds back that long
 //! resets the stream (H3_REQUEST_CANCELLED) and the app sees the disconnect.
+//! Address validation: over [`RETRY_ABOVE`] handshakes in progress, an
+//! unvalidated client gets a Retry.
 //! Not yet: interim responses (dropped, as on HTTP/1.0), WebSockets
 //! (RFC 9220).
 
@@ -66,6 +68,17 @@ pub(crate) struct Setup {
     /// The `tls` extension's facts from the client's certificate chain.
     pub(crate) tls_facts: fn(Option<&[CertificateDer<'static>]>) -> TlsInfo,
 }
+
+/// Handshakes in progress in a worker (accepted, not yet established or
+/// failed) from which a new connection whose client address is not
+/// validated is answered with a Retry (RFC 9000 §8.1.2) instead of being
+/// accepted: the Retry is stateless, so a flood of Initials from spoofed
+/// addresses holds at most this many handshakes (and `max_connections`
+/// slots), and a real client pays one round trip more only under load.
+/// The client's next Initial is addressed to the Retry's connection ID,
+/// one of ours, so the steering sends it back to this worker, whose key
+/// validates the token.
+pub(crate) const RETRY_ABOVE: usize = 64;
 
 /// The shortest QUIC idle timeout: a connection whose client vanished is
 /// dropped after `max(keepalive_timeout, this)`.
@@ -163,6 +176,7 @@ pub(crate) async fn serve(
     });
     alt.set(true);
     steer::serving(true);
+    let handshaking = Arc::new(AtomicUsize::new(0));
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => match i {
@@ -171,6 +185,15 @@ pub(crate) async fn serve(
             },
             _ = stop.cancelled() => break,
         };
+        if !incoming.remote_address_validated()
+            && handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE
+        {
+            // Not validated implies `may_retry`; ignore is the fallback.
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().ignore();
+            }
+            continue;
+        }
         let permit = match &limit {
             Some(sem) => match Arc::clone(sem).try_acquire_owned() {
                 Ok(p) => Some(p),
@@ -183,7 +206,7 @@ pub(crate) async fn serve(
         };
         let (shared, info, setup) = (Arc::clone(&shared), Arc::clone(&info), Arc::clone(&setup));
         tracker.spawn(connection(
-            incoming,
+            (incoming, Handshaking::new(&handshaking)),
             shared,
             info,
             setup,
@@ -208,7 +231,7 @@ pub(crate) async fn serve(
 /// Serves one QUIC connection: handshake (bounded by
 /// `tls_handshake_timeout`), then request streams until it closes.
 async fn connection(
-    incoming: quinn::Incoming,
+    (incoming, handshaking): (quinn::Incoming, Handshaking),
     shared: Arc<Worker>,
     info: Arc<ListenerInfo>,
     setup: Arc<Setup>,
@@ -228,7 +251,9 @@ async fn connection(
             }
         }
     };
-    let qconn = match handshake.await {
+    let done = handshake.await;
+    drop(handshaking);
+    let qconn = match done {
         Ok(c) => c,
         Err(why) => {
             tracing::debug!("QUIC handshake with {peer}: {why}");
@@ -266,6 +291,22 @@ async fn connection(
     let _open = shared.metrics.connection(crate::metrics::Proto::Http3);
     let why = drive(&mut h3c, &qconn, &ctx, &member, &tracker).await;
     tracing::debug!("HTTP/3 connection from {peer} done: {why}");
+}
+
+/// One handshake in progress, counted in the worker's total until dropped.
+struct Handshaking(Arc<AtomicUsize>);
+
+impl Handshaking {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Handshaking(Arc::clone(count))
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The request streams open on a connection.
