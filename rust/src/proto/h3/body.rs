@@ -16,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::http::body::ResponseBody;
 
 /// The receiving half of a request stream.
-pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+pub(crate) type RecvHalf = RequestStream<super::guard::Recv, Bytes>;
 /// The sending half of a request stream.
 pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 

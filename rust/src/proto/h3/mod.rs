@@ -25,7 +25,8 @@
 //! `send_timeout`: a response piece QUIC flow control holds back that long
 //! resets the stream (H3_REQUEST_CANCELLED) and the app sees the disconnect.
 //! Address validation: over [`RETRY_ABOVE`] handshakes in progress, an
-//! unvalidated client gets a Retry.
+//! unvalidated client gets a Retry. A frame h3 would buffer whole over
+//! [`guard::limit`] closes the connection ([`guard`]).
 //! Not yet: interim responses (dropped, as on HTTP/1.0), WebSockets
 //! (RFC 9220).
 
@@ -33,6 +34,7 @@ pub(crate) mod body;
 pub(crate) mod bpf;
 pub(crate) mod cid;
 pub(crate) mod deadline;
+pub(crate) mod guard;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
@@ -84,8 +86,8 @@ pub(crate) const RETRY_ABOVE: usize = 64;
 /// dropped after `max(keepalive_timeout, this)`.
 const MIN_QUIC_IDLE: Duration = Duration::from_secs(10);
 
-type H3Conn = ::h3::server::Connection<h3_quinn::Connection, Bytes>;
-type Resolver = ::h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+type H3Conn = ::h3::server::Connection<guard::Conn, Bytes>;
+type Resolver = ::h3::server::RequestResolver<guard::Conn, Bytes>;
 
 /// Binds the UDP socket for the TCP listener at `tcp` (same address; port
 /// `config.http3.port` if set) and starts a quinn endpoint on it. Call
@@ -271,15 +273,15 @@ async fn connection(
         permit,
         Some(Box::new(tls)),
     ));
+    let field_section = shared
+        .config
+        .http3
+        .as_ref()
+        .map_or(65536, |h| h.max_field_section_size);
+    let watched = guard::Conn::new(qconn.clone(), guard::limit(field_section));
     let built = ::h3::server::builder()
-        .max_field_section_size(
-            shared
-                .config
-                .http3
-                .as_ref()
-                .map_or(65536, |h| h.max_field_section_size),
-        )
-        .build::<_, Bytes>(h3_quinn::Connection::new(qconn.clone()))
+        .max_field_section_size(field_section)
+        .build::<_, Bytes>(watched)
         .await;
     let mut h3c: H3Conn = match built {
         Ok(c) => c,
