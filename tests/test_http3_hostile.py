@@ -110,6 +110,7 @@ def test_initial_flood_is_answered_with_retry_and_a_real_client_is_served(pki):
             kinds = first_replies(socks)
             during = run(get_root(s.port, pki["ca"]))
             rss = rss_kib(s.proc.pid) - rss0
+            print(f"Initial flood: first replies {dict(kinds)}, RSS +{rss} KiB")
         finally:
             for sk in socks:
                 sk.close()
@@ -139,6 +140,7 @@ def test_initial_flood_under_gunicorn_retry_routes_back_to_its_worker(pki, tmp_p
             with niquests.Session(disable_http1=True, disable_http2=True, timeout=10) as sess:
                 sess.quic_cache_layer.add_domain("127.0.0.1", g.port)
                 r = sess.get(f"https://127.0.0.1:{g.port}/", verify=pki["ca"])
+            print(f"Initial flood, -w 2: first replies {dict(kinds)}")
         finally:
             for sk in socks:
                 sk.close()
@@ -233,6 +235,7 @@ def test_rapid_reset_is_bounded_by_max_streams_and_others_are_served(pki):
         assert after == 200 and all(st == 200 for st in served)
         # A 0.5 s app call holds its stream's credit: at most 20 per 0.5 s.
         assert app_calls <= 20 * (took / 0.5 + 2)
+        assert cpu < 1.5, f"{cpu:.2f}s of server CPU"
         assert rss_kib(pid) - rss0 < 30_000
 
 
