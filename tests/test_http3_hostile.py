@@ -393,3 +393,35 @@ def test_one_huge_frame_closes_the_connection_without_buffering_it(pki, where):
         assert code == H3_EXCESSIVE_LOAD
         assert grew < 8_000, f"RSS grew {grew} KiB"
         assert run(get_root(s.port, pki["ca"]))[0] == 200
+
+
+def test_uploads_the_app_does_not_read_are_bounded_per_connection(pki):
+    """20 request streams each sending 1 MiB to an app that never reads
+    its body: QUIC flow control holds the client back once the
+    connection's receive window is full; memory stays bounded and
+    another connection is served."""
+    with h3_skirr(pki, "apps.probe:app") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        pid = s.proc.pid
+        rss0 = rss_kib(pid)
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                for _ in range(20):
+                    c.start("POST", "/sleep?secs=30", body=b"u" * (1 << 20), end=False)
+                sent = 0
+                for _ in range(100):  # until the client's credit stops growing
+                    await asyncio.sleep(0.05)
+                    now = c._quic._remote_max_data_used
+                    if now == sent and now > 0:
+                        break
+                    sent = now
+                async with h3_connect(s.port, pki["ca"]) as other:
+                    during = (await other.request("GET", "/")).status
+                return sent, rss_kib(pid) - rss0, during
+
+        sent, grew, during = run(go())
+        print(f"unread uploads: {sent} bytes taken by the server, RSS +{grew} KiB")
+        assert during == 200
+        assert sent < 12 << 20
+        assert grew < 20_000

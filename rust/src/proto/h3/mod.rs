@@ -12,8 +12,9 @@
 //! is the request body ([`body::H3Body`]), the response is written on its
 //! sending half ([`body::respond`]).
 //!
-//! Limits: `http2_max_concurrent_streams` bidirectional streams per
-//! connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
+//! Limits: flow-control windows of [`STREAM_WINDOW`] and
+//! [`CONNECTION_WINDOW`], `http2_max_concurrent_streams` bidirectional
+//! streams per connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
 //! `max_connections` (one count per worker with TCP; a QUIC connection over
 //! it is refused). A connection with
 //! no request for `keepalive_timeout` is closed (GOAWAY, then
@@ -123,10 +124,24 @@ pub(crate) fn bind(
     )
 }
 
+/// Bytes a client may send on one stream ahead of what the server has
+/// read (QUIC flow control, RFC 9000 §4): about quinn's default (1.25 MB,
+/// enough for 10 MB/s per stream at 100 ms round trip).
+const STREAM_WINDOW: u32 = 1 << 20;
+
+/// The same for all the streams of a connection together. quinn's default
+/// is unbounded, so a client could park a stream window of body on each
+/// of `http2_max_concurrent_streams` streams whose app does not read
+/// (100 MB per connection); this bounds it, beside what the body pumps
+/// read ahead (`body_buffer` per stream).
+const CONNECTION_WINDOW: u32 = 4 << 20;
+
 /// QUIC transport limits from the configuration (see the module docs).
 fn transport(config: &crate::config::Config, h3: &crate::config::Http3) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(h3.max_concurrent_streams));
+    t.stream_receive_window(quinn::VarInt::from_u32(STREAM_WINDOW));
+    t.receive_window(quinn::VarInt::from_u32(CONNECTION_WINDOW));
     let idle = config.keepalive_timeout.max(MIN_QUIC_IDLE);
     t.max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
     t.keep_alive_interval(Some(idle / 3));
