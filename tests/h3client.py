@@ -30,6 +30,8 @@ class H3Response:
     body: bytes = b""
     trailers: list[tuple[str, str]] = field(default_factory=list)
     reset: int | None = None
+    #: Interim (1xx) responses before the final one: (status, fields).
+    interim: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)
 
     def header(self, name: str) -> str | None:
         for k, v in self.headers:
@@ -43,6 +45,7 @@ class _Stream:
         self.resp = H3Response()
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.head: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.more_interim = asyncio.Event()
 
 
 #: The GOAWAY frame type (RFC 9114 §7.2.6).
@@ -97,7 +100,11 @@ class H3Client(QuicConnectionProtocol):
             return
         if isinstance(e, HeadersReceived):
             fields = [(k.decode(), v.decode()) for k, v in e.headers]
-            if not st.head.done():
+            status = int(dict(fields).get(":status", "0"))
+            if not st.head.done() and 100 <= status < 200:
+                st.resp.interim.append((status, [(k, v) for k, v in fields if not k.startswith(":")]))
+                st.more_interim.set()
+            elif not st.head.done():
                 st.resp.status = int(dict(fields)[":status"])
                 st.resp.headers = [(k, v) for k, v in fields if not k.startswith(":")]
                 st.head.set_result(st.resp)
@@ -153,6 +160,15 @@ class H3Client(QuicConnectionProtocol):
 
     async def head(self, sid: int, timeout: float = TIMEOUT) -> H3Response:
         return await asyncio.wait_for(asyncio.shield(self.streams[sid].head), timeout)
+
+    async def interim(self, sid: int, n: int, timeout: float = TIMEOUT) -> list:
+        """Waits until stream `sid` got `n` interim responses; returns them."""
+        st = self.streams[sid]
+        async with asyncio.timeout(timeout):
+            while len(st.resp.interim) < n:
+                st.more_interim.clear()
+                await st.more_interim.wait()
+        return st.resp.interim
 
     async def request(self, method: str, path: str, headers=(), body: bytes = b"") -> H3Response:
         return await self.response(self.start(method, path, headers, body))

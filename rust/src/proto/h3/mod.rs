@@ -24,13 +24,15 @@
 //! `response_start_timeout` (503) for that stream only ([`deadline`]);
 //! `send_timeout`: a response piece QUIC flow control holds back that long
 //! resets the stream (H3_REQUEST_CANCELLED) and the app sees the disconnect.
-//! Not yet: interim responses (dropped, as on HTTP/1.0), WebSockets
-//! (RFC 9220).
+//! Interim responses (`103 Early Hints`, `100 Continue`) are HEADERS
+//! frames before the final one ([`interim`]). Not yet: WebSockets (RFC
+//! 9220).
 
 pub(crate) mod body;
 pub(crate) mod bpf;
 pub(crate) mod cid;
 pub(crate) mod deadline;
+pub(crate) mod interim;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
@@ -422,18 +424,25 @@ async fn request(
     let (mut send, recv): (SendHalf, _) = stream.split();
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
-    let mut body = H3Body::new(recv, declared);
+    let expect = crate::http::service::expects_continue(req.headers());
+    let mut body = H3Body::new(recv, declared, expect.then(|| Arc::clone(&ctx.interim)));
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
+    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
+    let service = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t);
+    // Interim responses go out while the service runs.
     let resp = tokio::select! {
-        r = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t) => match r {
-            Ok(r) => r,
-            Err(never) => match never {},
+        r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
+            Ok(Ok(r)) => r,
+            Ok(Err(never)) => match never {},
+            Err(why) => {
+                tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
+                return;
+            }
         },
         _ = qconn.closed() => return,
     };
-    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
     let written = body::respond(&mut send, resp, send_timeout);
     if let Err(e) = deadline::watched(written, &ctx, &t).await {
         tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
