@@ -19,8 +19,9 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
 
 TIMEOUT = 10.0
-#: H3_REQUEST_CANCELLED (RFC 9114 §8.1).
+#: H3_REQUEST_CANCELLED and H3_REQUEST_REJECTED (RFC 9114 §8.1).
 REQUEST_CANCELLED = 0x10C
+REQUEST_REJECTED = 0x10B
 
 
 @dataclass
@@ -130,6 +131,15 @@ class H3Client(QuicConnectionProtocol):
         self.h3.send_headers(sid, fields, end_stream=end and not body)
         if body:
             self.h3.send_data(sid, body, end_stream=end)
+        self.transmit()
+        return sid
+
+    def start_raw(self, data: bytes) -> int:
+        """Opens a request stream carrying `data` as is (say, part of a
+        HEADERS frame), kept open. Returns the stream id."""
+        sid = self._quic.get_next_available_stream_id()
+        self.streams[sid] = _Stream()
+        self._quic.send_stream_data(sid, data, end_stream=False)
         self.transmit()
         return sid
 

@@ -17,7 +17,7 @@ from harness import PY, ROOT, _env, gunicorn, skirr, wait_until
 
 trustme = pytest.importorskip("trustme")
 pytest.importorskip("aioquic")
-from h3client import REQUEST_CANCELLED, h3_connect, run  # noqa: E402
+from h3client import REQUEST_CANCELLED, REQUEST_REJECTED, h3_connect, run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -396,6 +396,31 @@ def test_body_read_timeout_is_per_stream(pki):
         assert stalled.status == 408
         assert after.status == 200
         assert after.body == b"ok"
+
+
+def test_header_read_timeout_resets_a_stream_whose_headers_never_complete(pki):
+    """A slowloris stream (part of a HEADERS frame, then nothing) is reset
+    with H3_REQUEST_REJECTED once `header_read_timeout` passes; the
+    connection's other requests, before and after, are served."""
+    with h3_skirr(pki, "apps.probe:app", "--header-read-timeout", "0.5") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                loop = asyncio.get_running_loop()
+                # HEADERS (type 0x01) announcing 64 bytes, 3 of them sent.
+                t0 = loop.time()
+                stalled = c.start_raw(b"\x01\x40\x40" + b"\x00\x00\xd1")
+                # Served meanwhile: the stalled stream blocks no other.
+                during = await c.request("GET", "/")
+                r = await c.response(stalled, timeout=5)
+                took = loop.time() - t0
+                return r, took, during, await c.request("GET", "/")
+
+        r, took, during, after = run(go())
+        assert r.reset == REQUEST_REJECTED and r.status == 0
+        assert 0.4 < took < 3, took
+        assert during.status == 200 and after.status == 200 and after.body == b"ok"
 
 
 def test_send_timeout_resets_the_stalled_stream_only(pki):

@@ -19,6 +19,8 @@ use crate::http::interim::{encode_h1, InterimSlot};
 
 /// The receiving half of a request stream.
 pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+/// A request stream, both halves.
+pub(crate) type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
 /// The sending half of a request stream.
 pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 

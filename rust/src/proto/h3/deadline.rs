@@ -2,11 +2,19 @@
 //! stream: `body_read_timeout` (408) and `response_start_timeout` (503)
 //! are recorded in the stream's own [`Activity`](crate::http::activity)
 //! and answered by the service (see `pump::check_deadlines`), for that
-//! request only; the connection and its other streams go on.
+//! request only; the connection and its other streams go on. Before
+//! that, `header_read_timeout` bounds the request's HEADERS frame
+//! ([`read_head`]).
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::task::Poll;
+use std::time::Duration;
+
+use ::h3::error::{Code, StreamError};
+use ::h3::quic::{RecvStream as _, SendStream as _};
+
+use super::Resolver;
 
 use crate::http::activity::{deadline_at, Timeouts, Verdict};
 use crate::http::ctx::ConnCtx;
@@ -39,4 +47,49 @@ pub(crate) async fn watched<F: Future>(work: F, ctx: &ConnCtx, t: &Timeouts) -> 
         }
     })
     .await
+}
+
+/// Why a request stream brought no request: its HEADERS frame did not
+/// complete within `header_read_timeout`, or h3 refused it.
+pub(crate) enum NoHead {
+    Timeout(Duration),
+    Refused(StreamError),
+}
+
+impl std::fmt::Display for NoHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoHead::Timeout(d) => write!(f, "no complete HEADERS frame within {d:?}: stream reset"),
+            NoHead::Refused(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Reads a new request stream's head: its first frame, which must be
+/// HEADERS, within `limit` (zero: no limit) from the stream's opening
+/// (its first bytes), then h3's checks of it. A stream whose HEADERS frame
+/// has not arrived whole by then (a slowloris client, RFC 9114 §10.5) is
+/// reset both ways with H3_REQUEST_REJECTED: the app never saw it, so the
+/// client may retry it. Only this stream: the connection and its other
+/// requests go on.
+pub(crate) async fn read_head(
+    mut resolver: Resolver,
+    limit: Duration,
+) -> Result<(http::Request<()>, super::body::Stream), NoHead> {
+    let first = poll_fn(|cx| resolver.frame_stream.poll_next(cx));
+    let frame = if limit.is_zero() {
+        first.await
+    } else {
+        match tokio::time::timeout(limit, first).await {
+            Ok(frame) => frame,
+            Err(_) => {
+                let code = Code::H3_REQUEST_REJECTED.value();
+                resolver.frame_stream.reset(code);
+                resolver.frame_stream.stream.stop_sending(code);
+                return Err(NoHead::Timeout(limit));
+            }
+        }
+    };
+    let resolved = resolver.accept_with_frame(frame).map_err(NoHead::Refused)?;
+    resolved.resolve().await.map_err(NoHead::Refused)
 }

@@ -20,6 +20,8 @@
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
 //! Drain: GOAWAY, the open streams finish, then the connection closes.
+//! A request stream whose HEADERS frame does not complete within
+//! `header_read_timeout` is reset (H3_REQUEST_REJECTED), that stream only.
 //! Per request, as on HTTP/2: `body_read_timeout` (408) and
 //! `response_start_timeout` (503) for that stream only ([`deadline`]);
 //! `send_timeout`: a response piece QUIC flow control holds back that long
@@ -403,7 +405,8 @@ async fn request(
     qconn: quinn::Connection,
     _guard: StreamGuard,
 ) {
-    let (req, stream) = match resolver.resolve_request().await {
+    let limit = conn.shared.config.header_read_timeout;
+    let (req, stream) = match deadline::read_head(resolver, limit).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!("HTTP/3 request from {:?} refused: {e}", conn.info.peer);
