@@ -152,3 +152,31 @@ def test_alt_svc_moves_a_later_navigation_to_h3(pki, server):
             assert_all_h3(responses, entries, token)
     finally:
         b.close()
+
+
+def test_preload_from_a_103_over_h3(pki):
+    """Chromium acts on a 103 Early Hints that comes over HTTP/3: the
+    stylesheet it preloads is fetched before the final response (the app
+    holds it until then) and reused by the page (tests/apps/early_hints_app.py;
+    the app pauses 50 ms before its hint, as on HTTP/2 in
+    test_early_hints_browser.py)."""
+    cert, key, _ = pki
+    ctx = skirr("apps.early_hints_app:app", "--ssl-certfile", cert, "--ssl-keyfile", key, "--http3", ready=False)
+    with ctx as s:
+        wait_until(lambda: tls_answers(s), what="the TLS server")
+        url = f"https://localhost:{s.port}"
+        b = chromium(pki, f"--origin-to-force-quic-on=localhost:{s.port}")
+        try:
+            with b.pages(1) as (page,):
+                assert page.goto(f"{url}/page?pause=0.05", timeout=20) == 200
+                assert page.eval("getComputedStyle(document.getElementById('p')).color") == "rgb(1, 2, 3)"
+                entry = page.eval(
+                    "performance.getEntriesByType('resource').filter(e => e.name.endsWith('/style.css'))"
+                    ".map(e => [e.initiatorType, e.nextHopProtocol])"
+                )
+                assert entry == [["early-hints", "h3"]], entry
+                state = page.eval("fetch('/state').then(r => r.json())")
+        finally:
+            b.close()
+        assert state["preload_first"] is True, state
+        assert state["style_fetches"] == 1, state  # the page reused the preloaded stylesheet
