@@ -423,6 +423,28 @@ def test_header_read_timeout_resets_a_stream_whose_headers_never_complete(pki):
         assert during.status == 200 and after.status == 200 and after.body == b"ok"
 
 
+def test_an_incomplete_head_gets_drain_grace_during_a_drain(pki):
+    """Draining, a stream whose HEADERS never complete is reset after
+    `drain_grace` (not `header_read_timeout`), so the worker exits soon."""
+    with h3_skirr(pki, "apps.probe:app", "--drain-grace", "0.5", "--header-read-timeout", "60") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                stalled = c.start_raw(b"\x01\x40\x40" + b"\x00\x00\xd1")
+                assert (await c.request("GET", "/")).status == 200
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                s.send_signal(signal.SIGTERM)
+                r = await c.response(stalled, timeout=10)
+                return r, loop.time() - t0
+
+        r, took = run(go())
+        assert r.reset == REQUEST_REJECTED
+        assert 0.4 < took < 5, took
+        assert s.wait(10) == 0
+
+
 def test_send_timeout_resets_the_stalled_stream_only(pki):
     """A client that stops granting the stream flow-control credit has
     that stream reset (H3_REQUEST_CANCELLED) after send_timeout; another

@@ -14,6 +14,8 @@ use std::time::Duration;
 use ::h3::error::{Code, StreamError};
 use ::h3::quic::{RecvStream as _, SendStream as _};
 
+use tokio_util::sync::CancellationToken;
+
 use super::Resolver;
 
 use crate::http::activity::{deadline_at, Timeouts, Verdict};
@@ -66,30 +68,49 @@ impl std::fmt::Display for NoHead {
 }
 
 /// Reads a new request stream's head: its first frame, which must be
-/// HEADERS, within `limit` (zero: no limit) from the stream's opening
-/// (its first bytes), then h3's checks of it. A stream whose HEADERS frame
-/// has not arrived whole by then (a slowloris client, RFC 9114 §10.5) is
-/// reset both ways with H3_REQUEST_REJECTED: the app never saw it, so the
-/// client may retry it. Only this stream: the connection and its other
-/// requests go on.
+/// HEADERS, within `header_read_timeout` (`limits.0`; zero: no limit)
+/// from the stream's opening (its first bytes), or within `drain_grace`
+/// (`limits.1`; zero: off) from when `draining` is cancelled if that
+/// comes first;
+/// then h3's checks of it. A stream whose HEADERS frame has not arrived
+/// whole by then (a slowloris client, RFC 9114 §10.5) is reset both ways
+/// with H3_REQUEST_REJECTED: the app never saw it, so the client may retry
+/// it. Only this stream: the connection and its other requests go on.
 pub(crate) async fn read_head(
     mut resolver: Resolver,
-    limit: Duration,
+    (limit, grace): (Duration, Duration),
+    draining: &CancellationToken,
 ) -> Result<(http::Request<()>, super::body::Stream), NoHead> {
     let first = poll_fn(|cx| resolver.frame_stream.poll_next(cx));
-    let frame = if limit.is_zero() {
-        first.await
-    } else {
-        match tokio::time::timeout(limit, first).await {
-            Ok(frame) => frame,
-            Err(_) => {
-                let code = Code::H3_REQUEST_REJECTED.value();
-                resolver.frame_stream.reset(code);
-                resolver.frame_stream.stream.stop_sending(code);
-                return Err(NoHead::Timeout(limit));
-            }
+    let header_read = async {
+        if limit.is_zero() {
+            std::future::pending::<()>().await;
         }
+        tokio::time::sleep(limit).await;
+        limit
+    };
+    let drain = async {
+        draining.cancelled().await;
+        if grace.is_zero() {
+            // `drain_grace` off: `header_read_timeout` still applies.
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(grace).await;
+        grace
+    };
+    let frame = tokio::select! {
+        frame = first => frame,
+        waited = header_read => return Err(reject(&mut resolver, waited)),
+        waited = drain => return Err(reject(&mut resolver, waited)),
     };
     let resolved = resolver.accept_with_frame(frame).map_err(NoHead::Refused)?;
     resolved.resolve().await.map_err(NoHead::Refused)
+}
+
+/// Resets a request stream whose head did not come in time (`waited`).
+fn reject(resolver: &mut Resolver, waited: Duration) -> NoHead {
+    let code = Code::H3_REQUEST_REJECTED.value();
+    resolver.frame_stream.reset(code);
+    resolver.frame_stream.stream.stop_sending(code);
+    NoHead::Timeout(waited)
 }

@@ -21,7 +21,8 @@
 //! with the server's PINGs at a third of it) drops a client that vanished.
 //! Drain: GOAWAY, the open streams finish, then the connection closes.
 //! A request stream whose HEADERS frame does not complete within
-//! `header_read_timeout` is reset (H3_REQUEST_REJECTED), that stream only.
+//! `header_read_timeout` (`drain_grace` once the connection drains) is
+//! reset (H3_REQUEST_REJECTED), that stream only.
 //! Per request, as on HTTP/2: `body_read_timeout` (408) and
 //! `response_start_timeout` (503) for that stream only ([`deadline`]);
 //! `send_timeout`: a response piece QUIC flow control holds back that long
@@ -280,6 +281,9 @@ struct Streams {
     since_ms: AtomicU64,
     /// Woken when one closes.
     closed: Notify,
+    /// Cancelled when the connection starts draining: a request head not
+    /// complete by then gets `drain_grace`, not `header_read_timeout`.
+    draining: CancellationToken,
 }
 
 /// One open request stream; closes it on drop.
@@ -374,6 +378,7 @@ async fn drive(
                 if o == Order::Drain {
                     // GOAWAY: requests already sent finish.
                     draining = true;
+                    streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
                     let _ = h3c.shutdown(1).await;
                 } else {
@@ -403,10 +408,11 @@ async fn request(
     resolver: Resolver,
     conn: Arc<ConnCtx>,
     qconn: quinn::Connection,
-    _guard: StreamGuard,
+    guard: StreamGuard,
 ) {
-    let limit = conn.shared.config.header_read_timeout;
-    let (req, stream) = match deadline::read_head(resolver, limit).await {
+    let config = &conn.shared.config;
+    let limits = (config.header_read_timeout, config.drain_grace);
+    let (req, stream) = match deadline::read_head(resolver, limits, &guard.0.draining).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!("HTTP/3 request from {:?} refused: {e}", conn.info.peer);
