@@ -53,9 +53,10 @@ def server(request, pki):
 
 def gtls(port: int, *paths: str, args: tuple[str, ...] = ()) -> dict[str, dict]:
     """Runs gtlsclient for ``paths`` (one connection, one stream each, in
-    order); returns each stream's ``status``, ``fields`` and ``body`` by
-    path. The client exits once every stream closed (an idle QUIC timeout
-    of 5 s and the process timeout bound a server that never answers)."""
+    order); returns each stream's ``status`` (the final one; ``statuses``:
+    interim ones first), ``fields`` and ``body`` by path. The client exits
+    once every stream closed (an idle QUIC timeout of 5 s and the process
+    timeout bound a server that never answers)."""
     uris = [f"https://localhost:{port}{p}" for p in paths]
     cmd = [GTLSCLIENT, "--exit-on-all-streams-close", "--no-quic-dump", "--timeout=5s", *args, "127.0.0.1"]
     run = subprocess.run([*cmd, str(port), *uris], capture_output=True, text=True, timeout=20)
@@ -66,11 +67,12 @@ def gtls(port: int, *paths: str, args: tuple[str, ...] = ()) -> dict[str, dict]:
     current = None
     for line in out.splitlines():
         if m := STREAM.match(line):
-            s = streams.setdefault(m[1], {"status": None, "fields": {}, "body": b""})
+            s = streams.setdefault(m[1], {"status": None, "statuses": [], "fields": {}, "body": b""})
             current = None
             if f := re.fullmatch(r"\[(:?[^:]+): (.*)\]", m[2]):
                 if f[1] == ":status":
                     s["status"] = int(f[2])
+                    s["statuses"].append(int(f[2]))
                 else:
                     s["fields"][f[1]] = f[2]
             elif m[2].startswith("body "):
@@ -109,3 +111,11 @@ def test_post_bodies(server, tmp_path):
     r = gtls(server.port, "/items", args=("-m", "POST", "-d", str(doc)))["/items"]
     assert r["status"] == 422
     assert json.loads(r["body"])["detail"][0]["input"] == doc.read_text()
+
+
+def test_early_hints_reach_nghttp3_before_the_response(pki):
+    cert, key = pki
+    with skirr("apps.early_hints_app:app", "--ssl-certfile", cert, "--ssl-keyfile", key, "--http3", ready=False) as s:
+        wait_until(lambda: tls_answers(s), what="the TLS server")
+        r = gtls(s.port, "/hint")["/hint"]
+    assert r["statuses"] == [103, 103, 200] and r["body"] == b"final"
