@@ -71,16 +71,22 @@ impl std::fmt::Display for NoHead {
 /// HEADERS, within `header_read_timeout` (`limits.0`; zero: no limit)
 /// from the stream's opening (its first bytes), or within `drain_grace`
 /// (`limits.1`; zero: off) from when `draining` is cancelled if that
-/// comes first;
-/// then h3's checks of it. A stream whose HEADERS frame has not arrived
-/// whole by then (a slowloris client, RFC 9114 §10.5) is reset both ways
-/// with H3_REQUEST_REJECTED: the app never saw it, so the client may retry
-/// it. Only this stream: the connection and its other requests go on.
+/// comes first; then h3's checks of it. A stream whose HEADERS frame has
+/// not arrived whole by then (a slowloris client, RFC 9114 §10.5) is reset
+/// both ways with H3_REQUEST_REJECTED: the app never saw it, so the client
+/// may retry it. Only this stream: the connection and its other requests
+/// go on.
 pub(crate) async fn read_head(
     mut resolver: Resolver,
     (limit, grace): (Duration, Duration),
     draining: &CancellationToken,
 ) -> Result<(http::Request<()>, super::body::Stream), NoHead> {
+    // h3 0.0.8's `resolve_request()` owns the stream until the head is
+    // read, so a deadline around it could only drop the stream (quinn then
+    // ends it with a FIN, as if the response were empty). Its two steps
+    // are public (`frame_stream`, doc-hidden, and `accept_with_frame`):
+    // the first frame is read here, under the deadlines, and the stream
+    // stays at hand to reset.
     let first = poll_fn(|cx| resolver.frame_stream.poll_next(cx));
     let header_read = async {
         if limit.is_zero() {
