@@ -549,10 +549,19 @@ def test_malformed_requests_are_stream_errors_and_the_app_is_not_called(pki):
 
 
 def test_boot_error_when_the_udp_port_is_taken(pki, tmp_path):
-    # A plain socket without SO_REUSEPORT holds the UDP port: no one else can bind it.
-    held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    held.bind(("127.0.0.1", 0))
-    port = held.getsockname()[1]
+    # A plain socket without SO_REUSEPORT holds the UDP port: no one else
+    # can bind it. Its TCP twin must be free (on a busy machine a client
+    # connection may hold it, and the TCP bind would fail first).
+    for _ in range(50):
+        held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        try:
+            with socket.socket() as tcp:
+                tcp.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            held.close()
     try:
         p = subprocess.run(
             [PY, "-m", "skirr", "apps.probe:app", "--port", str(port), "--http3"]
