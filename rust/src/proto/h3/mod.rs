@@ -21,6 +21,9 @@
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
 //! Drain: GOAWAY, the open streams finish, then the connection closes.
+//! A request stream whose HEADERS frame does not complete within
+//! `header_read_timeout` (`drain_grace` once the connection drains) is
+//! reset (H3_REQUEST_REJECTED), that stream only.
 //! Per request, as on HTTP/2: `body_read_timeout` (408) and
 //! `response_start_timeout` (503) for that stream only ([`deadline`]);
 //! `send_timeout`: a response piece QUIC flow control holds back that long
@@ -28,14 +31,16 @@
 //! Address validation: over [`RETRY_ABOVE`] handshakes in progress, an
 //! unvalidated client gets a Retry. A frame h3 would buffer whole over
 //! [`guard::limit`] closes the connection ([`guard`]).
-//! Not yet: interim responses (dropped, as on HTTP/1.0), WebSockets
-//! (RFC 9220).
+//! Interim responses (`103 Early Hints`, `100 Continue`) are HEADERS
+//! frames before the final one ([`interim`]). Not yet: WebSockets (RFC
+//! 9220).
 
 pub(crate) mod body;
 pub(crate) mod bpf;
 pub(crate) mod cid;
 pub(crate) mod deadline;
 pub(crate) mod guard;
+pub(crate) mod interim;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
@@ -334,6 +339,9 @@ struct Streams {
     since_ms: AtomicU64,
     /// Woken when one closes.
     closed: Notify,
+    /// Cancelled when the connection starts draining: a request head not
+    /// complete by then gets `drain_grace`, not `header_read_timeout`.
+    draining: CancellationToken,
 }
 
 /// One open request stream; closes it on drop.
@@ -428,6 +436,7 @@ async fn drive(
                 if o == Order::Drain {
                     // GOAWAY: requests already sent finish.
                     draining = true;
+                    streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
                     let _ = h3c.shutdown(1).await;
                 } else {
@@ -457,9 +466,11 @@ async fn request(
     resolver: Resolver,
     conn: Arc<ConnCtx>,
     qconn: quinn::Connection,
-    _guard: StreamGuard,
+    guard: StreamGuard,
 ) {
-    let (req, stream) = match resolver.resolve_request().await {
+    let config = &conn.shared.config;
+    let limits = (config.header_read_timeout, config.drain_grace);
+    let (req, stream) = match deadline::read_head(resolver, limits, &guard.0.draining).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!("HTTP/3 request from {:?} refused: {e}", conn.info.peer);
@@ -480,18 +491,25 @@ async fn request(
     let (mut send, recv): (SendHalf, _) = stream.split();
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
-    let mut body = H3Body::new(recv, declared);
+    let expect = crate::http::service::expects_continue(req.headers());
+    let mut body = H3Body::new(recv, declared, expect.then(|| Arc::clone(&ctx.interim)));
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
+    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
+    let service = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t);
+    // Interim responses go out while the service runs.
     let resp = tokio::select! {
-        r = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t) => match r {
-            Ok(r) => r,
-            Err(never) => match never {},
+        r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
+            Ok(Ok(r)) => r,
+            Ok(Err(never)) => match never {},
+            Err(why) => {
+                tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
+                return;
+            }
         },
         _ = qconn.closed() => return,
     };
-    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
     let written = body::respond(&mut send, resp, send_timeout);
     if let Err(e) = deadline::watched(written, &ctx, &t).await {
         tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
