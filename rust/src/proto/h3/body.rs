@@ -16,9 +16,12 @@ use http::{HeaderMap, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::http::body::ResponseBody;
+use crate::http::interim::{encode_h1, InterimSlot};
 
 /// The receiving half of a request stream.
 pub(crate) type RecvHalf = RequestStream<super::head::GuardedRecvHalf, Bytes>;
+/// A request stream, both halves.
+pub(crate) type Stream = RequestStream<super::head::GuardedBidi<Bytes>, Bytes>;
 /// The sending half of a request stream.
 pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
@@ -70,12 +73,22 @@ pub(crate) struct H3Body {
     /// a pseudo-header: the request is malformed, and [`respond`] resets
     /// the stream instead of answering.
     malformed: Arc<AtomicBool>,
+    /// `Expect: 100-continue`: the request's interim slot, where the first
+    /// read (the app awaits `receive()`) queues the `100` the client waits
+    /// for (RFC 9110 §10.1.1); taken then.
+    continue_to: Option<Arc<InterimSlot>>,
 }
 
 impl H3Body {
     /// The body of a request whose head declared `declared` bytes;
-    /// `malformed` is set if the body turns out malformed.
-    pub(crate) fn new(recv: RecvHalf, declared: Option<u64>, malformed: Arc<AtomicBool>) -> Self {
+    /// `malformed` is set if the body turns out malformed; `continue_to`:
+    /// its interim slot if the client expects a `100`.
+    pub(crate) fn new(
+        recv: RecvHalf,
+        declared: Option<u64>,
+        malformed: Arc<AtomicBool>,
+        continue_to: Option<Arc<InterimSlot>>,
+    ) -> Self {
         H3Body {
             recv,
             stage: Stage::Data,
@@ -84,6 +97,17 @@ impl H3Body {
             first: None,
             error: None,
             malformed,
+            continue_to,
+        }
+    }
+
+    /// The first read of a body the client holds back for a `100
+    /// Continue`: queues it (not if body bytes came anyway).
+    fn send_continue(&mut self) {
+        if let Some(slot) = self.continue_to.take() {
+            if self.seen == 0 && self.first.is_none() && self.stage == Stage::Data {
+                slot.load(encode_h1(&[(http::StatusCode::CONTINUE, HeaderMap::new())]));
+            }
         }
     }
 
@@ -207,6 +231,7 @@ impl Body for H3Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        this.send_continue();
         if let Some(data) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
@@ -295,7 +320,10 @@ const SEND_PIECE: usize = 16 * 1024;
 
 /// Runs one write of the response; `Ok(false)` if QUIC flow control held
 /// it back for `limit` (the client takes nothing of the response).
-async fn within<F>(limit: Option<Duration>, write: F) -> Result<bool, ::h3::error::StreamError>
+pub(crate) async fn within<F>(
+    limit: Option<Duration>,
+    write: F,
+) -> Result<bool, ::h3::error::StreamError>
 where
     F: Future<Output = Result<(), ::h3::error::StreamError>>,
 {
@@ -379,7 +407,7 @@ pub(crate) async fn respond(
 }
 
 /// Resets a response stream stalled past `send_timeout`.
-fn cancel(send: &mut SendHalf) -> Result<(), ::h3::error::StreamError> {
+pub(crate) fn cancel(send: &mut SendHalf) -> Result<(), ::h3::error::StreamError> {
     tracing::debug!("HTTP/3 response not accepted in time: stream reset");
     send.stop_stream(::h3::error::Code::H3_REQUEST_CANCELLED);
     Ok(())

@@ -37,6 +37,7 @@ use ::h3::error::Code;
 use ::h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId};
 use bytes::{Buf, Bytes, BytesMut};
 
+use super::frame_limit;
 use super::head::GuardedBidi;
 
 /// Unidirectional stream types (RFC 9114 §6.2.2, RFC 9204 §4.2).
@@ -48,7 +49,7 @@ const QPACK_DECODER: u64 = 0x03;
 /// An `h3-quinn` connection whose unidirectional streams are typed first
 /// (see the module docs).
 pub(crate) struct Guarded {
-    inner: h3_quinn::Connection,
+    inner: frame_limit::Conn,
     /// For closing the connection from a QPACK stream's [`watch`].
     qconn: quinn::Connection,
     /// Accepted streams whose type has not fully arrived.
@@ -56,10 +57,11 @@ pub(crate) struct Guarded {
 }
 
 impl Guarded {
-    /// Wraps the QUIC connection `qconn` for h3.
-    pub(crate) fn new(qconn: quinn::Connection) -> Self {
+    /// Wraps `inner`, the frame-size watch over the QUIC connection
+    /// `qconn`, for h3.
+    pub(crate) fn new(inner: frame_limit::Conn, qconn: quinn::Connection) -> Self {
         Guarded {
-            inner: h3_quinn::Connection::new(qconn.clone()),
+            inner,
             qconn,
             typing: Vec::new(),
         }
@@ -114,7 +116,7 @@ fn close(qconn: &quinn::Connection, code: Code, why: &str) {
 
 /// A unidirectional stream being read for its type.
 struct Typing {
-    stream: h3_quinn::RecvStream,
+    stream: frame_limit::Recv,
     head: BytesMut,
 }
 
@@ -184,7 +186,7 @@ impl Instructions {
 /// the connection ends, closing it on an instruction not allowed or on the
 /// stream's end (see the module docs). `rest`: bytes read after its type.
 async fn watch(
-    mut stream: h3_quinn::RecvStream,
+    mut stream: frame_limit::Recv,
     rest: Bytes,
     encoder: bool,
     qconn: quinn::Connection,
@@ -305,7 +307,7 @@ impl ControlCheck {
 pub(crate) struct GuardedRecv {
     id: StreamId,
     head: Option<Bytes>,
-    stream: Option<h3_quinn::RecvStream>,
+    stream: Option<frame_limit::Recv>,
     control: Option<(ControlCheck, quinn::Connection)>,
 }
 
@@ -388,7 +390,7 @@ impl<B: Buf> quic::Connection<B> for Guarded {
 
 /// The connection's stream opener for h3 (its bidirectional streams
 /// wrapped as accepted ones are; the server opens none).
-pub(crate) struct Opener(h3_quinn::OpenStreams);
+pub(crate) struct Opener(frame_limit::Opener);
 
 impl<B: Buf> quic::OpenStreams<B> for Opener {
     type BidiStream = GuardedBidi<B>;

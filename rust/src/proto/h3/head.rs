@@ -17,6 +17,7 @@ use std::task::{Context, Poll};
 use ::h3::quic::{self, StreamErrorIncoming, StreamId};
 use bytes::{Buf, Bytes};
 
+use super::frame_limit;
 use super::guard::varint;
 
 /// HEADERS frames longer than this are not checked (h3 answers a field
@@ -274,12 +275,12 @@ const MESSAGE_ERROR: u64 = 0x10e;
 /// its sending (`H3_MESSAGE_ERROR`), and h3 gets that as the stream's
 /// error, so the request never reaches the app.
 pub(crate) struct GuardedBidi<B: Buf> {
-    inner: h3_quinn::BidiStream<B>,
+    inner: frame_limit::Bidi<B>,
     check: HeadCheck,
 }
 
 impl<B: Buf> GuardedBidi<B> {
-    pub(crate) fn new(inner: h3_quinn::BidiStream<B>) -> Self {
+    pub(crate) fn new(inner: frame_limit::Bidi<B>) -> Self {
         GuardedBidi {
             inner,
             check: HeadCheck::default(),
@@ -383,7 +384,7 @@ impl<B: Buf> quic::BidiStream<B> for GuardedBidi<B> {
 /// (`H3_MESSAGE_ERROR`) and are the body's error, which the response then
 /// answers with a reset ([`super::body`]).
 pub(crate) struct GuardedRecvHalf {
-    inner: h3_quinn::RecvStream,
+    inner: frame_limit::Recv,
     check: HeadCheck,
 }
 

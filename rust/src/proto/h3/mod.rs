@@ -16,27 +16,37 @@
 //! field sections of request streams are checked on their way to h3 for
 //! the malformed ones h3 lets through ([`head`]).
 //!
-//! Limits: `http2_max_concurrent_streams` bidirectional streams per
-//! connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
+//! Limits: flow-control windows of [`STREAM_WINDOW`] and
+//! [`CONNECTION_WINDOW`], `http2_max_concurrent_streams` bidirectional
+//! streams per connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
 //! `max_connections` (one count per worker with TCP; a QUIC connection over
 //! it is refused). A connection with
 //! no request for `keepalive_timeout` is closed (GOAWAY, then
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
 //! Drain: GOAWAY, the open streams finish, then the connection closes.
+//! A request stream whose HEADERS frame does not complete within
+//! `header_read_timeout` (`drain_grace` once the connection drains) is
+//! reset (H3_REQUEST_REJECTED), that stream only.
 //! Per request, as on HTTP/2: `body_read_timeout` (408) and
 //! `response_start_timeout` (503) for that stream only ([`deadline`]);
 //! `send_timeout`: a response piece QUIC flow control holds back that long
 //! resets the stream (H3_REQUEST_CANCELLED) and the app sees the disconnect.
-//! Not yet: interim responses (dropped, as on HTTP/1.0), WebSockets
-//! (RFC 9220).
+//! Address validation: over [`RETRY_ABOVE`] handshakes in progress, an
+//! unvalidated client gets a Retry. A frame h3 would buffer whole over
+//! [`frame_limit::limit`] closes the connection ([`frame_limit`]).
+//! Interim responses (`103 Early Hints`, `100 Continue`) are HEADERS
+//! frames before the final one ([`interim`]). Not yet: WebSockets (RFC
+//! 9220).
 
 pub(crate) mod body;
 pub(crate) mod bpf;
 pub(crate) mod cid;
 pub(crate) mod deadline;
+pub(crate) mod frame_limit;
 pub(crate) mod guard;
 pub(crate) mod head;
+pub(crate) mod interim;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
@@ -72,6 +82,17 @@ pub(crate) struct Setup {
     /// The `tls` extension's facts from the client's certificate chain.
     pub(crate) tls_facts: fn(Option<&[CertificateDer<'static>]>) -> TlsInfo,
 }
+
+/// Handshakes in progress in a worker (accepted, not yet established or
+/// failed) from which a new connection whose client address is not
+/// validated is answered with a Retry (RFC 9000 §8.1.2) instead of being
+/// accepted: the Retry is stateless, so a flood of Initials from spoofed
+/// addresses holds at most this many handshakes (and `max_connections`
+/// slots), and a real client pays one round trip more only under load.
+/// The client's next Initial is addressed to the Retry's connection ID,
+/// one of ours, so the steering sends it back to this worker, whose key
+/// validates the token.
+pub(crate) const RETRY_ABOVE: usize = 64;
 
 /// The shortest QUIC idle timeout: a connection whose client vanished is
 /// dropped after `max(keepalive_timeout, this)`.
@@ -114,10 +135,24 @@ pub(crate) fn bind(
     )
 }
 
+/// Bytes a client may send on one stream ahead of what the server has
+/// read (QUIC flow control, RFC 9000 §4): about quinn's default (1.25 MB,
+/// enough for 10 MB/s per stream at 100 ms round trip).
+const STREAM_WINDOW: u32 = 1 << 20;
+
+/// The same for all the streams of a connection together. quinn's default
+/// is unbounded, so a client could park a stream window of body on each
+/// of `http2_max_concurrent_streams` streams whose app does not read
+/// (100 MB per connection); this bounds it, beside what the body pumps
+/// read ahead (`body_buffer` per stream).
+const CONNECTION_WINDOW: u32 = 4 << 20;
+
 /// QUIC transport limits from the configuration (see the module docs).
 fn transport(config: &crate::config::Config, h3: &crate::config::Http3) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(h3.max_concurrent_streams));
+    t.stream_receive_window(quinn::VarInt::from_u32(STREAM_WINDOW));
+    t.receive_window(quinn::VarInt::from_u32(CONNECTION_WINDOW));
     let idle = config.keepalive_timeout.max(MIN_QUIC_IDLE);
     t.max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
     t.keep_alive_interval(Some(idle / 3));
@@ -169,6 +204,7 @@ pub(crate) async fn serve(
     });
     alt.set(true);
     steer::serving(true);
+    let handshaking = Arc::new(AtomicUsize::new(0));
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => match i {
@@ -177,6 +213,15 @@ pub(crate) async fn serve(
             },
             _ = stop.cancelled() => break,
         };
+        if !incoming.remote_address_validated()
+            && handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE
+        {
+            // Not validated implies `may_retry`; ignore is the fallback.
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().ignore();
+            }
+            continue;
+        }
         let permit = match &limit {
             Some(sem) => match Arc::clone(sem).try_acquire_owned() {
                 Ok(p) => Some(p),
@@ -189,7 +234,7 @@ pub(crate) async fn serve(
         };
         let (shared, info, setup) = (Arc::clone(&shared), Arc::clone(&info), Arc::clone(&setup));
         tracker.spawn(connection(
-            incoming,
+            (incoming, Handshaking::new(&handshaking)),
             shared,
             info,
             setup,
@@ -214,7 +259,7 @@ pub(crate) async fn serve(
 /// Serves one QUIC connection: handshake (bounded by
 /// `tls_handshake_timeout`), then request streams until it closes.
 async fn connection(
-    incoming: quinn::Incoming,
+    (incoming, handshaking): (quinn::Incoming, Handshaking),
     shared: Arc<Worker>,
     info: Arc<ListenerInfo>,
     setup: Arc<Setup>,
@@ -234,7 +279,9 @@ async fn connection(
             }
         }
     };
-    let qconn = match handshake.await {
+    let done = handshake.await;
+    drop(handshaking);
+    let qconn = match done {
         Ok(c) => c,
         Err(why) => {
             tracing::debug!("QUIC handshake with {peer}: {why}");
@@ -252,15 +299,16 @@ async fn connection(
         permit,
         Some(Box::new(tls)),
     ));
+    let field_section = shared
+        .config
+        .http3
+        .as_ref()
+        .map_or(65536, |h| h.max_field_section_size);
+    let limited = frame_limit::Conn::new(qconn.clone(), frame_limit::limit(field_section));
+    let watched = guard::Guarded::new(limited, qconn.clone());
     let built = ::h3::server::builder()
-        .max_field_section_size(
-            shared
-                .config
-                .http3
-                .as_ref()
-                .map_or(65536, |h| h.max_field_section_size),
-        )
-        .build::<_, Bytes>(guard::Guarded::new(qconn.clone()))
+        .max_field_section_size(field_section)
+        .build::<_, Bytes>(watched)
         .await;
     let mut h3c: H3Conn = match built {
         Ok(c) => c,
@@ -274,6 +322,22 @@ async fn connection(
     tracing::debug!("HTTP/3 connection from {peer} done: {why}");
 }
 
+/// One handshake in progress, counted in the worker's total until dropped.
+struct Handshaking(Arc<AtomicUsize>);
+
+impl Handshaking {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Handshaking(Arc::clone(count))
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The request streams open on a connection.
 #[derive(Default)]
 struct Streams {
@@ -282,6 +346,9 @@ struct Streams {
     since_ms: AtomicU64,
     /// Woken when one closes.
     closed: Notify,
+    /// Cancelled when the connection starts draining: a request head not
+    /// complete by then gets `drain_grace`, not `header_read_timeout`.
+    draining: CancellationToken,
 }
 
 /// One open request stream; closes it on drop.
@@ -385,6 +452,7 @@ async fn drive(
                     // GOAWAY: requests already sent finish, and one more
                     // that may be in flight (see `GOAWAY_ALLOWS`).
                     draining = true;
+                    streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
                     goaway = Some(last.map_or(0, |l| l + 4 * GOAWAY_ALLOWS as u64));
                     let _ = h3c.shutdown(GOAWAY_ALLOWS).await;
@@ -433,9 +501,11 @@ async fn request(
     resolver: Resolver,
     conn: Arc<ConnCtx>,
     qconn: quinn::Connection,
-    _guard: StreamGuard,
+    guard: StreamGuard,
 ) {
-    let (req, stream) = match resolver.resolve_request().await {
+    let config = &conn.shared.config;
+    let limits = (config.header_read_timeout, config.drain_grace);
+    let (req, stream) = match deadline::read_head(resolver, limits, &guard.0.draining).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!("HTTP/3 request from {:?} refused: {e}", conn.info.peer);
@@ -457,18 +527,26 @@ async fn request(
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
     let malformed = Arc::new(AtomicBool::new(false));
-    let mut body = H3Body::new(recv, declared, Arc::clone(&malformed));
+    let expect = crate::http::service::expects_continue(req.headers());
+    let continue_to = expect.then(|| Arc::clone(&ctx.interim));
+    let mut body = H3Body::new(recv, declared, Arc::clone(&malformed), continue_to);
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
+    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
+    let service = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t);
+    // Interim responses go out while the service runs.
     let resp = tokio::select! {
-        r = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t) => match r {
-            Ok(r) => r,
-            Err(never) => match never {},
+        r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
+            Ok(Ok(r)) => r,
+            Ok(Err(never)) => match never {},
+            Err(why) => {
+                tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
+                return;
+            }
         },
         _ = qconn.closed() => return,
     };
-    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
     let written = body::respond(&mut send, resp, send_timeout, &malformed);
     if let Err(e) = deadline::watched(written, &ctx, &t).await {
         tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
