@@ -62,15 +62,16 @@ impl Drop for GoneGuard<'_> {
 /// HTTP/2 hyper reads the body without waiting for a `100`, and Skirr's own
 /// HTTP/2 interim path carries only what the app sends, so an HTTP/2 body
 /// is read as if no `Expect` came: the client sends it after its wait.
-/// HTTP/3 sends no interim responses yet: the same.
+/// On HTTP/3 the body's first read, once the app awaits `receive()`, queues
+/// the `100` (`proto::h3::body`), as hyper does on HTTP/1.1.
 fn continue_wanted(parts: &http::request::Parts) -> bool {
-    !matches!(parts.version, http::Version::HTTP_2 | http::Version::HTTP_3)
-        && expects_continue(parts)
+    parts.version != http::Version::HTTP_2 && expects_continue(&parts.headers)
 }
 
-fn expects_continue(parts: &http::request::Parts) -> bool {
-    parts
-        .headers
+/// Whether a request's fields carry `Expect: 100-continue` (RFC 9110
+/// §10.1.1; the value is case-insensitive).
+pub(crate) fn expects_continue(headers: &http::HeaderMap) -> bool {
+    headers
         .get(EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
