@@ -58,15 +58,17 @@ class CDPError(Exception):
 
 
 class Browser:
-    def __init__(self, *flags: str, timeout: float = 20.0) -> None:
+    def __init__(self, *flags: str, timeout: float = 20.0, quic: bool = False) -> None:
+        """``quic``: keep QUIC on (HTTP/3 tests); every other test turns it off."""
         if not CHROMIUM:
             raise RuntimeError("chromium not found")
         self.dir = Path(tempfile.mkdtemp(prefix="skirr-chromium-"))
         profile = self.dir / "profile"
         self.log_path = self.dir / "chromium.log"
+        base = [f for f in FLAGS if not (quic and f == "--disable-quic")]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [CHROMIUM, *FLAGS, *flags, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+                [CHROMIUM, *base, *flags, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

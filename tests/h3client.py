@@ -19,8 +19,9 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
 
 TIMEOUT = 10.0
-#: H3_REQUEST_CANCELLED (RFC 9114 §8.1).
+#: H3_REQUEST_CANCELLED and H3_REQUEST_REJECTED (RFC 9114 §8.1).
 REQUEST_CANCELLED = 0x10C
+REQUEST_REJECTED = 0x10B
 
 
 @dataclass
@@ -30,6 +31,8 @@ class H3Response:
     body: bytes = b""
     trailers: list[tuple[str, str]] = field(default_factory=list)
     reset: int | None = None
+    #: Interim (1xx) responses before the final one: (status, fields).
+    interim: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)
 
     def header(self, name: str) -> str | None:
         for k, v in self.headers:
@@ -43,6 +46,7 @@ class _Stream:
         self.resp = H3Response()
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.head: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.more_interim = asyncio.Event()
 
 
 #: The GOAWAY frame type (RFC 9114 §7.2.6).
@@ -97,7 +101,11 @@ class H3Client(QuicConnectionProtocol):
             return
         if isinstance(e, HeadersReceived):
             fields = [(k.decode(), v.decode()) for k, v in e.headers]
-            if not st.head.done():
+            status = int(dict(fields).get(":status", "0"))
+            if not st.head.done() and 100 <= status < 200:
+                st.resp.interim.append((status, [(k, v) for k, v in fields if not k.startswith(":")]))
+                st.more_interim.set()
+            elif not st.head.done():
                 st.resp.status = int(dict(fields)[":status"])
                 st.resp.headers = [(k, v) for k, v in fields if not k.startswith(":")]
                 st.head.set_result(st.resp)
@@ -123,6 +131,15 @@ class H3Client(QuicConnectionProtocol):
         self.h3.send_headers(sid, fields, end_stream=end and not body)
         if body:
             self.h3.send_data(sid, body, end_stream=end)
+        self.transmit()
+        return sid
+
+    def start_raw(self, data: bytes) -> int:
+        """Opens a request stream carrying `data` as is (say, part of a
+        HEADERS frame), kept open. Returns the stream id."""
+        sid = self._quic.get_next_available_stream_id()
+        self.streams[sid] = _Stream()
+        self._quic.send_stream_data(sid, data, end_stream=False)
         self.transmit()
         return sid
 
@@ -153,6 +170,15 @@ class H3Client(QuicConnectionProtocol):
 
     async def head(self, sid: int, timeout: float = TIMEOUT) -> H3Response:
         return await asyncio.wait_for(asyncio.shield(self.streams[sid].head), timeout)
+
+    async def interim(self, sid: int, n: int, timeout: float = TIMEOUT) -> list:
+        """Waits until stream `sid` got `n` interim responses; returns them."""
+        st = self.streams[sid]
+        async with asyncio.timeout(timeout):
+            while len(st.resp.interim) < n:
+                st.more_interim.clear()
+                await st.more_interim.wait()
+        return st.resp.interim
 
     async def request(self, method: str, path: str, headers=(), body: bytes = b"") -> H3Response:
         return await self.response(self.start(method, path, headers, body))

@@ -17,7 +17,7 @@ from harness import PY, ROOT, _env, gunicorn, skirr, wait_until
 
 trustme = pytest.importorskip("trustme")
 pytest.importorskip("aioquic")
-from h3client import REQUEST_CANCELLED, h3_connect, run  # noqa: E402
+from h3client import REQUEST_CANCELLED, REQUEST_REJECTED, h3_connect, run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -398,6 +398,53 @@ def test_body_read_timeout_is_per_stream(pki):
         assert after.body == b"ok"
 
 
+def test_header_read_timeout_resets_a_stream_whose_headers_never_complete(pki):
+    """A slowloris stream (part of a HEADERS frame, then nothing) is reset
+    with H3_REQUEST_REJECTED once `header_read_timeout` passes; the
+    connection's other requests, before and after, are served."""
+    with h3_skirr(pki, "apps.probe:app", "--header-read-timeout", "0.5") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                loop = asyncio.get_running_loop()
+                # HEADERS (type 0x01) announcing 64 bytes, 3 of them sent.
+                t0 = loop.time()
+                stalled = c.start_raw(b"\x01\x40\x40" + b"\x00\x00\xd1")
+                # Served meanwhile: the stalled stream blocks no other.
+                during = await c.request("GET", "/")
+                r = await c.response(stalled, timeout=5)
+                took = loop.time() - t0
+                return r, took, during, await c.request("GET", "/")
+
+        r, took, during, after = run(go())
+        assert r.reset == REQUEST_REJECTED and r.status == 0
+        assert 0.4 < took < 3, took
+        assert during.status == 200 and after.status == 200 and after.body == b"ok"
+
+
+def test_an_incomplete_head_gets_drain_grace_during_a_drain(pki):
+    """Draining, a stream whose HEADERS never complete is reset after
+    `drain_grace` (not `header_read_timeout`), so the worker exits soon."""
+    with h3_skirr(pki, "apps.probe:app", "--drain-grace", "0.5", "--header-read-timeout", "60") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                stalled = c.start_raw(b"\x01\x40\x40" + b"\x00\x00\xd1")
+                assert (await c.request("GET", "/")).status == 200
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                s.send_signal(signal.SIGTERM)
+                r = await c.response(stalled, timeout=10)
+                return r, loop.time() - t0
+
+        r, took = run(go())
+        assert r.reset == REQUEST_REJECTED
+        assert 0.4 < took < 5, took
+        assert s.wait(10) == 0
+
+
 def test_send_timeout_resets_the_stalled_stream_only(pki):
     """A client that stops granting the stream flow-control credit has
     that stream reset (H3_REQUEST_CANCELLED) after send_timeout; another
@@ -502,10 +549,19 @@ def test_malformed_requests_are_stream_errors_and_the_app_is_not_called(pki):
 
 
 def test_boot_error_when_the_udp_port_is_taken(pki, tmp_path):
-    # A plain socket without SO_REUSEPORT holds the UDP port: no one else can bind it.
-    held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    held.bind(("127.0.0.1", 0))
-    port = held.getsockname()[1]
+    # A plain socket without SO_REUSEPORT holds the UDP port: no one else
+    # can bind it. Its TCP twin must be free (on a busy machine a client
+    # connection may hold it, and the TCP bind would fail first).
+    for _ in range(50):
+        held = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        try:
+            with socket.socket() as tcp:
+                tcp.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            held.close()
     try:
         p = subprocess.run(
             [PY, "-m", "skirr", "apps.probe:app", "--port", str(port), "--http3"]

@@ -95,22 +95,28 @@ impl ConnCtx {
     }
 
     /// Whether an interim response can reach this request's client: on
-    /// HTTP/1.1, and on HTTP/2 streams whose id is known on a connection
-    /// that has not turned them off (see `proto::h2::io`); never on HTTP/1.0.
+    /// HTTP/1.1, on HTTP/2 streams whose id is known on a connection that
+    /// has not turned them off (see `proto::h2::io`), and on HTTP/3; never
+    /// on HTTP/1.0.
     pub(crate) fn sends_interim(&self, version: http::Version) -> bool {
         match version {
             http::Version::HTTP_11 => true,
             http::Version::HTTP_2 => self.h2_stream.is_some() && !self.interim.is_off(),
+            // Only `proto::h3` makes HTTP/3 requests, and it sends them.
+            http::Version::HTTP_3 => true,
             _ => false,
         }
     }
 
     /// The context of one HTTP/3 request stream (`proto::h3`): the
-    /// connection's facts (shared), its own [`Activity`]; no interim
-    /// responses and no slot under the connection limit (the connection
-    /// holds it).
+    /// connection's facts (shared), its own [`Activity`] and interim slot
+    /// (the stream's driver sends what the service queues there); no slot
+    /// under the connection limit (the connection holds it).
     pub(crate) fn for_request(&self) -> ConnCtx {
-        self.per_stream(None)
+        ConnCtx {
+            interim: Arc::default(),
+            ..self.per_stream(None)
+        }
     }
 
     /// The context of one HTTP/2 stream: the connection's facts (shared),

@@ -1,6 +1,6 @@
 //! Interim (1xx) responses: `103 Early Hints` (RFC 8297) and the other
 //! informational responses of RFC 9110 §15.2 an app may send before its
-//! final response, on HTTP/1.1 and HTTP/2.
+//! final response, on HTTP/1.1, HTTP/2 and HTTP/3.
 //!
 //! hyper's server has no API for them, so the bytes go past hyper, straight
 //! into the connection's [`ConnIo`](crate::http::io::ConnIo). They must not
@@ -19,6 +19,11 @@
 //! which leave the connection's compression state as h2 keeps it. The
 //! HTTP/2 encoder is the driver's (`proto::h2::frame`); this module
 //! keeps the slot the bytes wait in and the HTTP/1.1 encoder.
+//!
+//! On HTTP/3 each request stream has a slot of its own, holding HTTP/1.1
+//! bytes: the driver (`proto::h3::interim`) [takes](InterimSlot::poll_take)
+//! them while the service runs, sends each response as a HEADERS frame on
+//! the stream (RFC 9114 §4.1) and reports them [sent](InterimSlot::sent).
 
 use std::fmt::Write as _;
 use std::io;
@@ -146,6 +151,40 @@ impl InterimSlot {
     /// any of hyper's bytes.
     pub(crate) fn started(&self) -> bool {
         self.pending.load(Ordering::Acquire) && self.st.lock().started
+    }
+
+    /// HTTP/3 driver side (a request stream's own slot): ready with the
+    /// bytes queued and not yet taken, and the position they end at;
+    /// takes them. Registers the task to wake when more are loaded.
+    pub(crate) fn poll_take(&self, cx: &mut Context<'_>) -> Poll<(Bytes, u64)> {
+        let mut st = self.st.lock();
+        if st.bytes.is_empty() {
+            if !st.flusher.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                st.flusher = Some(cx.waker().clone());
+            }
+            return Poll::Pending;
+        }
+        let end = st.queued;
+        Poll::Ready((std::mem::take(&mut st.bytes), end))
+    }
+
+    /// HTTP/3 driver side: everything up to position `end` (what
+    /// [`poll_take`](Self::poll_take) returned) is on the wire or dropped;
+    /// wakes the services waiting for it.
+    pub(crate) fn sent(&self, end: u64) {
+        let mut st = self.st.lock();
+        st.written = st.written.max(end);
+        if st.written >= st.queued {
+            self.pending.store(false, Ordering::Release);
+        }
+        let written = st.written;
+        st.waiters.retain(|(upto, w)| {
+            let done = *upto <= written;
+            if done {
+                w.wake_by_ref();
+            }
+            !done
+        });
     }
 
     /// Transport side: writes what is queued to `io`. Called from

@@ -5,6 +5,8 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,9 +16,12 @@ use http::{HeaderMap, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::http::body::ResponseBody;
+use crate::http::interim::{encode_h1, InterimSlot};
 
 /// The receiving half of a request stream.
-pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+pub(crate) type RecvHalf = RequestStream<super::head::GuardedRecvHalf, Bytes>;
+/// A request stream, both halves.
+pub(crate) type Stream = RequestStream<super::head::GuardedBidi<Bytes>, Bytes>;
 /// The sending half of a request stream.
 pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
@@ -64,11 +69,26 @@ pub(crate) struct H3Body {
     first: Option<Bytes>,
     /// An error met after data that was handed out first.
     error: Option<BodyError>,
+    /// Set when the body does not match `declared`, or its trailers carry
+    /// a pseudo-header: the request is malformed, and [`respond`] resets
+    /// the stream instead of answering.
+    malformed: Arc<AtomicBool>,
+    /// `Expect: 100-continue`: the request's interim slot, where the first
+    /// read (the app awaits `receive()`) queues the `100` the client waits
+    /// for (RFC 9110 §10.1.1); taken then.
+    continue_to: Option<Arc<InterimSlot>>,
 }
 
 impl H3Body {
-    /// The body of a request whose head declared `declared` bytes.
-    pub(crate) fn new(recv: RecvHalf, declared: Option<u64>) -> Self {
+    /// The body of a request whose head declared `declared` bytes;
+    /// `malformed` is set if the body turns out malformed; `continue_to`:
+    /// its interim slot if the client expects a `100`.
+    pub(crate) fn new(
+        recv: RecvHalf,
+        declared: Option<u64>,
+        malformed: Arc<AtomicBool>,
+        continue_to: Option<Arc<InterimSlot>>,
+    ) -> Self {
         H3Body {
             recv,
             stage: Stage::Data,
@@ -76,6 +96,18 @@ impl H3Body {
             seen: 0,
             first: None,
             error: None,
+            malformed,
+            continue_to,
+        }
+    }
+
+    /// The first read of a body the client holds back for a `100
+    /// Continue`: queues it (not if body bytes came anyway).
+    fn send_continue(&mut self) {
+        if let Some(slot) = self.continue_to.take() {
+            if self.seen == 0 && self.first.is_none() && self.stage == Stage::Data {
+                slot.load(encode_h1(&[(http::StatusCode::CONTINUE, HeaderMap::new())]));
+            }
         }
     }
 
@@ -141,7 +173,7 @@ impl H3Body {
                 }
                 Poll::Ready(Err(e)) => {
                     self.stage = Stage::Done;
-                    self.error = Some(BodyError::Stream(e));
+                    self.error = Some(self.failed(e));
                     break;
                 }
             }
@@ -150,8 +182,11 @@ impl H3Body {
         if self.declared.is_some_and(|d| self.seen > d)
             || (self.stage == Stage::Trailers && self.declared.is_some_and(|d| self.seen != d))
         {
+            // RFC 9114 §4.1.2: malformed, a stream error H3_MESSAGE_ERROR.
             self.stage = Stage::Done;
             self.error = Some(BodyError::Length);
+            self.malformed.store(true, Ordering::Relaxed);
+            self.recv.stop_sending(MESSAGE_ERROR);
         }
         let data = match more {
             Some(m) => Some(m.freeze()),
@@ -181,7 +216,7 @@ impl H3Body {
             }
             Poll::Ready(Err(e)) => {
                 self.stage = Stage::Done;
-                Poll::Ready(Some(Err(BodyError::Stream(e))))
+                Poll::Ready(Some(Err(self.failed(e))))
             }
         }
     }
@@ -196,6 +231,7 @@ impl Body for H3Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        this.send_continue();
         if let Some(data) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
@@ -222,6 +258,18 @@ impl Body for H3Body {
 }
 
 impl H3Body {
+    /// The body's error for the stream's `e`. A field section the stream's
+    /// check found malformed (pseudo-headers in trailers: `e` is
+    /// `H3_MESSAGE_ERROR`, see [`super::head`]) makes the request
+    /// malformed.
+    fn failed(&mut self, e: ::h3::error::StreamError) -> BodyError {
+        if matches!(&e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code == MESSAGE_ERROR)
+        {
+            self.malformed.store(true, Ordering::Relaxed);
+        }
+        BodyError::Stream(e)
+    }
+
     /// Bytes read by [`H3Body::prime`] and not handed out yet.
     fn pending(&self) -> u64 {
         self.first.as_ref().map_or(0, |d| d.len() as u64)
@@ -253,6 +301,18 @@ fn h3_head(headers: &mut HeaderMap) {
     }
 }
 
+const MESSAGE_ERROR: ::h3::error::Code = ::h3::error::Code::H3_MESSAGE_ERROR;
+
+/// Resets the response stream of a request found malformed while its body
+/// was read (see [`H3Body`]) in place of the answer; `true` if it did.
+fn reset_if_malformed(send: &mut SendHalf, malformed: &AtomicBool) -> bool {
+    let bad = malformed.load(Ordering::Relaxed);
+    if bad {
+        send.stop_stream(MESSAGE_ERROR);
+    }
+    bad
+}
+
 /// Response bodies are written in pieces of at most this many bytes while
 /// `send_timeout` is on, so that a slow reader that takes each piece in
 /// time is not cut (as on HTTP/2).
@@ -260,7 +320,10 @@ const SEND_PIECE: usize = 16 * 1024;
 
 /// Runs one write of the response; `Ok(false)` if QUIC flow control held
 /// it back for `limit` (the client takes nothing of the response).
-async fn within<F>(limit: Option<Duration>, write: F) -> Result<bool, ::h3::error::StreamError>
+pub(crate) async fn within<F>(
+    limit: Option<Duration>,
+    write: F,
+) -> Result<bool, ::h3::error::StreamError>
 where
     F: Future<Output = Result<(), ::h3::error::StreamError>>,
 {
@@ -280,7 +343,10 @@ where
 /// app raised mid-stream) resets the stream, so the response cannot look
 /// complete. With `send_timeout` (`Some`), a write held back that long
 /// resets the stream (H3_REQUEST_CANCELLED, HTTP/2's CANCEL); returning
-/// drops the body, which tells the app `http.disconnect`.
+/// drops the body, which tells the app `http.disconnect`. A request found
+/// malformed while its body was read (`malformed`, see [`H3Body`]) gets a
+/// stream reset (H3_MESSAGE_ERROR) in place of the response, or of its
+/// rest.
 ///
 /// Errors: the stream's, when the client stopped reading it
 /// (STOP_SENDING) or the connection closed; dropping `resp`'s body then
@@ -289,7 +355,11 @@ pub(crate) async fn respond(
     send: &mut SendHalf,
     resp: Response<ResponseBody>,
     send_timeout: Option<Duration>,
+    malformed: &AtomicBool,
 ) -> Result<(), ::h3::error::StreamError> {
+    if reset_if_malformed(send, malformed) {
+        return Ok(());
+    }
     let (mut parts, mut body) = resp.into_parts();
     h3_head(&mut parts.headers);
     let head = send.send_response(Response::from_parts(parts, ()));
@@ -302,6 +372,9 @@ pub(crate) async fn respond(
             None => break,
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
+                    if reset_if_malformed(send, malformed) {
+                        return Ok(());
+                    }
                     while !data.is_empty() {
                         let piece = match send_timeout {
                             Some(_) if data.len() > SEND_PIECE => data.split_to(SEND_PIECE),
@@ -334,7 +407,7 @@ pub(crate) async fn respond(
 }
 
 /// Resets a response stream stalled past `send_timeout`.
-fn cancel(send: &mut SendHalf) -> Result<(), ::h3::error::StreamError> {
+pub(crate) fn cancel(send: &mut SendHalf) -> Result<(), ::h3::error::StreamError> {
     tracing::debug!("HTTP/3 response not accepted in time: stream reset");
     send.stop_stream(::h3::error::Code::H3_REQUEST_CANCELLED);
     Ok(())

@@ -10,34 +10,50 @@
 //! each request stream gets its own [`ConnCtx`] and goes through
 //! [`dispatch`](super::dispatch) like an HTTP/2 stream: its receiving half
 //! is the request body ([`body::H3Body`]), the response is written on its
-//! sending half ([`body::respond`]).
+//! sending half ([`body::respond`]). The client's unidirectional streams
+//! are typed first ([`guard`]): a push stream, and QPACK instructions a
+//! server without a dynamic table cannot take, are connection errors; the
+//! field sections of request streams are checked on their way to h3 for
+//! the malformed ones h3 lets through ([`head`]).
 //!
-//! Limits: `http2_max_concurrent_streams` bidirectional streams per
-//! connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
+//! Limits: flow-control windows of [`STREAM_WINDOW`] and
+//! [`CONNECTION_WINDOW`], `http2_max_concurrent_streams` bidirectional
+//! streams per connection, `http2_max_header_list_size` as SETTINGS_MAX_FIELD_SECTION_SIZE,
 //! `max_connections` (one count per worker with TCP; a QUIC connection over
 //! it is refused). A connection with
 //! no request for `keepalive_timeout` is closed (GOAWAY, then
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
 //! Drain: GOAWAY, the open streams finish, then the connection closes.
+//! A request stream whose HEADERS frame does not complete within
+//! `header_read_timeout` (`drain_grace` once the connection drains) is
+//! reset (H3_REQUEST_REJECTED), that stream only.
 //! Per request, as on HTTP/2: `body_read_timeout` (408) and
 //! `response_start_timeout` (503) for that stream only ([`deadline`]);
 //! `send_timeout`: a response piece QUIC flow control holds back that long
 //! resets the stream (H3_REQUEST_CANCELLED) and the app sees the disconnect.
-//! Not yet: interim responses (dropped, as on HTTP/1.0), WebSockets
-//! (RFC 9220).
+//! Address validation: over [`RETRY_ABOVE`] handshakes in progress, an
+//! unvalidated client gets a Retry. A frame h3 would buffer whole over
+//! [`frame_limit::limit`] closes the connection ([`frame_limit`]).
+//! Interim responses (`103 Early Hints`, `100 Continue`) are HEADERS
+//! frames before the final one ([`interim`]). Not yet: WebSockets (RFC
+//! 9220).
 
 pub(crate) mod body;
 pub(crate) mod bpf;
 pub(crate) mod cid;
 pub(crate) mod deadline;
+pub(crate) mod frame_limit;
+pub(crate) mod guard;
+pub(crate) mod head;
+pub(crate) mod interim;
 pub(crate) mod steer;
 
 use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -67,12 +83,23 @@ pub(crate) struct Setup {
     pub(crate) tls_facts: fn(Option<&[CertificateDer<'static>]>) -> TlsInfo,
 }
 
+/// Handshakes in progress in a worker (accepted, not yet established or
+/// failed) from which a new connection whose client address is not
+/// validated is answered with a Retry (RFC 9000 §8.1.2) instead of being
+/// accepted: the Retry is stateless, so a flood of Initials from spoofed
+/// addresses holds at most this many handshakes (and `max_connections`
+/// slots), and a real client pays one round trip more only under load.
+/// The client's next Initial is addressed to the Retry's connection ID,
+/// one of ours, so the steering sends it back to this worker, whose key
+/// validates the token.
+pub(crate) const RETRY_ABOVE: usize = 64;
+
 /// The shortest QUIC idle timeout: a connection whose client vanished is
 /// dropped after `max(keepalive_timeout, this)`.
 const MIN_QUIC_IDLE: Duration = Duration::from_secs(10);
 
-type H3Conn = ::h3::server::Connection<h3_quinn::Connection, Bytes>;
-type Resolver = ::h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
+type H3Conn = ::h3::server::Connection<guard::Guarded, Bytes>;
+type Resolver = ::h3::server::RequestResolver<guard::Guarded, Bytes>;
 
 /// Binds the UDP socket for the TCP listener at `tcp` (same address; port
 /// `config.http3.port` if set) and starts a quinn endpoint on it. Call
@@ -108,10 +135,24 @@ pub(crate) fn bind(
     )
 }
 
+/// Bytes a client may send on one stream ahead of what the server has
+/// read (QUIC flow control, RFC 9000 §4): about quinn's default (1.25 MB,
+/// enough for 10 MB/s per stream at 100 ms round trip).
+const STREAM_WINDOW: u32 = 1 << 20;
+
+/// The same for all the streams of a connection together. quinn's default
+/// is unbounded, so a client could park a stream window of body on each
+/// of `http2_max_concurrent_streams` streams whose app does not read
+/// (100 MB per connection); this bounds it, beside what the body pumps
+/// read ahead (`body_buffer` per stream).
+const CONNECTION_WINDOW: u32 = 4 << 20;
+
 /// QUIC transport limits from the configuration (see the module docs).
 fn transport(config: &crate::config::Config, h3: &crate::config::Http3) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(quinn::VarInt::from_u32(h3.max_concurrent_streams));
+    t.stream_receive_window(quinn::VarInt::from_u32(STREAM_WINDOW));
+    t.receive_window(quinn::VarInt::from_u32(CONNECTION_WINDOW));
     let idle = config.keepalive_timeout.max(MIN_QUIC_IDLE);
     t.max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
     t.keep_alive_interval(Some(idle / 3));
@@ -163,6 +204,7 @@ pub(crate) async fn serve(
     });
     alt.set(true);
     steer::serving(true);
+    let handshaking = Arc::new(AtomicUsize::new(0));
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => match i {
@@ -171,6 +213,15 @@ pub(crate) async fn serve(
             },
             _ = stop.cancelled() => break,
         };
+        if !incoming.remote_address_validated()
+            && handshaking.load(Ordering::Relaxed) >= RETRY_ABOVE
+        {
+            // Not validated implies `may_retry`; ignore is the fallback.
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().ignore();
+            }
+            continue;
+        }
         let permit = match &limit {
             Some(sem) => match Arc::clone(sem).try_acquire_owned() {
                 Ok(p) => Some(p),
@@ -183,7 +234,7 @@ pub(crate) async fn serve(
         };
         let (shared, info, setup) = (Arc::clone(&shared), Arc::clone(&info), Arc::clone(&setup));
         tracker.spawn(connection(
-            incoming,
+            (incoming, Handshaking::new(&handshaking)),
             shared,
             info,
             setup,
@@ -208,7 +259,7 @@ pub(crate) async fn serve(
 /// Serves one QUIC connection: handshake (bounded by
 /// `tls_handshake_timeout`), then request streams until it closes.
 async fn connection(
-    incoming: quinn::Incoming,
+    (incoming, handshaking): (quinn::Incoming, Handshaking),
     shared: Arc<Worker>,
     info: Arc<ListenerInfo>,
     setup: Arc<Setup>,
@@ -228,7 +279,9 @@ async fn connection(
             }
         }
     };
-    let qconn = match handshake.await {
+    let done = handshake.await;
+    drop(handshaking);
+    let qconn = match done {
         Ok(c) => c,
         Err(why) => {
             tracing::debug!("QUIC handshake with {peer}: {why}");
@@ -246,15 +299,16 @@ async fn connection(
         permit,
         Some(Box::new(tls)),
     ));
+    let field_section = shared
+        .config
+        .http3
+        .as_ref()
+        .map_or(65536, |h| h.max_field_section_size);
+    let limited = frame_limit::Conn::new(qconn.clone(), frame_limit::limit(field_section));
+    let watched = guard::Guarded::new(limited, qconn.clone());
     let built = ::h3::server::builder()
-        .max_field_section_size(
-            shared
-                .config
-                .http3
-                .as_ref()
-                .map_or(65536, |h| h.max_field_section_size),
-        )
-        .build::<_, Bytes>(h3_quinn::Connection::new(qconn.clone()))
+        .max_field_section_size(field_section)
+        .build::<_, Bytes>(watched)
         .await;
     let mut h3c: H3Conn = match built {
         Ok(c) => c,
@@ -268,6 +322,22 @@ async fn connection(
     tracing::debug!("HTTP/3 connection from {peer} done: {why}");
 }
 
+/// One handshake in progress, counted in the worker's total until dropped.
+struct Handshaking(Arc<AtomicUsize>);
+
+impl Handshaking {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Handshaking(Arc::clone(count))
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The request streams open on a connection.
 #[derive(Default)]
 struct Streams {
@@ -276,6 +346,9 @@ struct Streams {
     since_ms: AtomicU64,
     /// Woken when one closes.
     closed: Notify,
+    /// Cancelled when the connection starts draining: a request head not
+    /// complete by then gets `drain_grace`, not `header_read_timeout`.
+    draining: CancellationToken,
 }
 
 /// One open request stream; closes it on drop.
@@ -339,6 +412,8 @@ async fn drive(
     let keepalive = ctx.shared.config.keepalive_timeout;
     let mut draining = false;
     let mut accepting = true;
+    // The last request stream accepted, and the id our GOAWAY named.
+    let (mut last, mut goaway): (Option<u64>, Option<u64>) = (None, None);
     loop {
         let open = streams.open.load(Ordering::Relaxed);
         if draining && open == 0 && !accepting {
@@ -354,6 +429,12 @@ async fn drive(
         tokio::select! {
             r = h3c.accept(), if accepting => match r {
                 Ok(Some(resolver)) => {
+                    let id = resolver.frame_stream.id().into_inner();
+                    if goaway.is_some_and(|g| id >= g) {
+                        reject(resolver);
+                        continue;
+                    }
+                    last = Some(id);
                     let guard = StreamGuard::new(&streams);
                     tracker.spawn(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
                 }
@@ -368,10 +449,13 @@ async fn drive(
             },
             o = order_past(member, if draining { Order::Drain } else { Order::Serve }) => {
                 if o == Order::Drain {
-                    // GOAWAY: requests already sent finish.
+                    // GOAWAY: requests already sent finish, and one more
+                    // that may be in flight (see `GOAWAY_ALLOWS`).
                     draining = true;
+                    streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
-                    let _ = h3c.shutdown(1).await;
+                    goaway = Some(last.map_or(0, |l| l + 4 * GOAWAY_ALLOWS as u64));
+                    let _ = h3c.shutdown(GOAWAY_ALLOWS).await;
                 } else {
                     qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
                     return "server stop";
@@ -392,6 +476,24 @@ async fn drive(
     }
 }
 
+/// h3 0.0.8's `shutdown(n)` names, in its GOAWAY, the stream `n` past the
+/// last one accepted (stream 0 if none was), but goes on accepting the
+/// stream it named, which RFC 9114 §5.2 says was not processed (the client
+/// may retry it elsewhere). So Skirr asks for 2 and rejects the named
+/// stream and those above it itself ([`reject`]): the one stream between
+/// is the request the client may have had in flight.
+const GOAWAY_ALLOWS: usize = 2;
+
+/// Refuses a request stream at or above our GOAWAY's id (RFC 9114 §5.2,
+/// §4.1.1): H3_REQUEST_REJECTED both ways, the app is not called, and the
+/// client may retry the request on another connection.
+fn reject(mut resolver: Resolver) {
+    use ::h3::quic::{RecvStream as _, SendStream as _};
+    let code = ::h3::error::Code::H3_REQUEST_REJECTED.value();
+    resolver.frame_stream.stream.stop_sending(code);
+    resolver.frame_stream.reset(code);
+}
+
 /// Serves one request stream: its head, the shared service, the response.
 /// The connection closing drops the service's future: the app is told
 /// `http.disconnect`.
@@ -399,9 +501,11 @@ async fn request(
     resolver: Resolver,
     conn: Arc<ConnCtx>,
     qconn: quinn::Connection,
-    _guard: StreamGuard,
+    guard: StreamGuard,
 ) {
-    let (req, stream) = match resolver.resolve_request().await {
+    let config = &conn.shared.config;
+    let limits = (config.header_read_timeout, config.drain_grace);
+    let (req, stream) = match deadline::read_head(resolver, limits, &guard.0.draining).await {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!("HTTP/3 request from {:?} refused: {e}", conn.info.peer);
@@ -422,19 +526,28 @@ async fn request(
     let (mut send, recv): (SendHalf, _) = stream.split();
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
-    let mut body = H3Body::new(recv, declared);
+    let malformed = Arc::new(AtomicBool::new(false));
+    let expect = crate::http::service::expects_continue(req.headers());
+    let continue_to = expect.then(|| Arc::clone(&ctx.interim));
+    let mut body = H3Body::new(recv, declared, Arc::clone(&malformed), continue_to);
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
+    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
+    let service = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t);
+    // Interim responses go out while the service runs.
     let resp = tokio::select! {
-        r = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t) => match r {
-            Ok(r) => r,
-            Err(never) => match never {},
+        r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
+            Ok(Ok(r)) => r,
+            Ok(Err(never)) => match never {},
+            Err(why) => {
+                tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
+                return;
+            }
         },
         _ = qconn.closed() => return,
     };
-    let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
-    let written = body::respond(&mut send, resp, send_timeout);
+    let written = body::respond(&mut send, resp, send_timeout, &malformed);
     if let Err(e) = deadline::watched(written, &ctx, &t).await {
         tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
     }
