@@ -16,7 +16,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
+from aioquic.quic.events import ConnectionTerminated, QuicEvent, StopSendingReceived, StreamReset
 
 TIMEOUT = 10.0
 #: H3_REQUEST_CANCELLED and H3_REQUEST_REJECTED (RFC 9114 §8.1).
@@ -31,6 +31,8 @@ class H3Response:
     body: bytes = b""
     trailers: list[tuple[str, str]] = field(default_factory=list)
     reset: int | None = None
+    #: The error code of the server's STOP_SENDING for the request, if any.
+    stop_sending: int | None = None
     #: Interim (1xx) responses before the final one: (status, fields).
     interim: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)
 
@@ -85,6 +87,8 @@ class H3Client(QuicConnectionProtocol):
             for f in (st.head, st.done):
                 if not f.done():
                     f.set_result(st.resp)
+        if isinstance(event, StopSendingReceived) and event.stream_id in self.streams:
+            self.streams[event.stream_id].resp.stop_sending = event.error_code
         if isinstance(event, ConnectionTerminated):
             for st in self.streams.values():
                 for f in (st.head, st.done):

@@ -23,7 +23,7 @@ pub(crate) type RecvHalf = RequestStream<super::head::GuardedRecvHalf, Bytes>;
 /// A request stream, both halves.
 pub(crate) type Stream = RequestStream<super::head::GuardedBidi<Bytes>, Bytes>;
 /// The sending half of a request stream.
-pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+pub(crate) type SendHalf = RequestStream<super::streams::Send<Bytes>, Bytes>;
 
 /// Why a request body failed: the stream's own error, or a body that does
 /// not match its `content-length` (a malformed request, RFC 9114 §4.1.2).

@@ -113,10 +113,13 @@ pub(crate) async fn read_head(
     resolved.resolve().await.map_err(NoHead::Refused)
 }
 
-/// Resets a request stream whose head did not come in time (`waited`).
+/// Resets a request stream whose head did not come in time (`waited`),
+/// both ways. A read of it is pending: the receiving half is Skirr's own
+/// ([`super::streams`]), which stops a stream in that state (`h3-quinn`'s
+/// panicked).
 fn reject(resolver: &mut Resolver, waited: Duration) -> NoHead {
     let code = Code::H3_REQUEST_REJECTED.value();
-    resolver.frame_stream.reset(code);
     resolver.frame_stream.stream.stop_sending(code);
+    resolver.frame_stream.reset(code);
     NoHead::Timeout(waited)
 }

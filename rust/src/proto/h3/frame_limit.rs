@@ -1,5 +1,5 @@
-//! A bound on the HTTP/3 frames h3 0.0.8 buffers whole: `h3-quinn`'s
-//! connection with the receiving half of every request stream and of the
+//! A bound on the HTTP/3 frames h3 0.0.8 buffers whole: the QUIC
+//! connection ([`streams`]) with the receiving half of every request stream and of the
 //! client's control stream watched by a [`Scanner`].
 //!
 //! h3 reads a frame other than DATA (HEADERS, SETTINGS, GOAWAY, a reserved
@@ -17,6 +17,8 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId};
+
+use super::streams;
 
 /// H3_EXCESSIVE_LOAD (RFC 9114 §8.1).
 pub(crate) const EXCESSIVE_LOAD: u32 = 0x107;
@@ -135,9 +137,11 @@ impl Scanner {
     }
 }
 
-/// `h3-quinn`'s connection, its received streams watched.
+/// The client's streams of a connection ([`streams`]), their receiving
+/// halves watched; the server's own streams are `h3-quinn`'s.
 pub(crate) struct Conn {
     inner: h3_quinn::Connection,
+    accept: streams::Acceptor,
     watch: Watch,
 }
 
@@ -149,19 +153,11 @@ struct Watch {
 }
 
 impl Watch {
-    fn recv(&self, inner: h3_quinn::RecvStream, scan: fn(u64) -> Scanner) -> Recv {
+    fn recv(&self, inner: streams::Recv, scan: fn(u64) -> Scanner) -> Recv {
         Recv {
             inner,
             scan: scan(self.limit),
             qconn: self.qconn.clone(),
-        }
-    }
-
-    fn bidi<B: Buf>(&self, s: h3_quinn::BidiStream<B>) -> Bidi<B> {
-        let (send, recv) = quic::BidiStream::split(s);
-        Bidi {
-            send,
-            recv: self.recv(recv, Scanner::request),
         }
     }
 }
@@ -171,6 +167,7 @@ impl Conn {
     pub(crate) fn new(qconn: quinn::Connection, limit: u64) -> Self {
         Conn {
             inner: h3_quinn::Connection::new(qconn.clone()),
+            accept: streams::Acceptor::new(qconn.clone()),
             watch: Watch { qconn, limit },
         }
     }
@@ -184,7 +181,7 @@ impl<B: Buf> quic::Connection<B> for Conn {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Recv, ConnectionErrorIncoming>> {
-        let s = ready!(quic::Connection::<B>::poll_accept_recv(&mut self.inner, cx))?;
+        let s = ready!(self.accept.poll_uni(cx))?;
         Poll::Ready(Ok(self.watch.recv(s, Scanner::unidirectional)))
     }
 
@@ -192,23 +189,24 @@ impl<B: Buf> quic::Connection<B> for Conn {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Bidi<B>, ConnectionErrorIncoming>> {
-        let s = ready!(quic::Connection::<B>::poll_accept_bidi(&mut self.inner, cx))?;
-        Poll::Ready(Ok(self.watch.bidi(s)))
+        let (send, recv) = ready!(self.accept.poll_bidi(cx))?;
+        Poll::Ready(Ok(Bidi {
+            send,
+            recv: self.watch.recv(recv, Scanner::request),
+        }))
     }
 
     fn opener(&self) -> Opener {
         Opener {
             inner: quic::Connection::<B>::opener(&self.inner),
-            watch: self.watch.clone(),
         }
     }
 }
 
-/// Opens streams as `h3-quinn` does, bidirectional ones watched (the
-/// server opens none; the trait asks for it).
+/// Opens the server's unidirectional streams as `h3-quinn` does (an HTTP/3
+/// server opens no bidirectional stream; the trait asks for it).
 pub(crate) struct Opener {
     inner: h3_quinn::OpenStreams,
-    watch: Watch,
 }
 
 macro_rules! open_streams {
@@ -219,10 +217,11 @@ macro_rules! open_streams {
 
             fn poll_open_bidi(
                 &mut self,
-                cx: &mut Context<'_>,
+                _cx: &mut Context<'_>,
             ) -> Poll<Result<Bidi<B>, StreamErrorIncoming>> {
-                let s = ready!(quic::OpenStreams::<B>::poll_open_bidi(&mut self.inner, cx))?;
-                Poll::Ready(Ok(self.watch.bidi(s)))
+                Poll::Ready(Err(StreamErrorIncoming::Unknown(
+                    "an HTTP/3 server opens no bidirectional stream".into(),
+                )))
             }
 
             fn poll_open_send(
@@ -242,14 +241,14 @@ macro_rules! open_streams {
 open_streams!(Conn);
 open_streams!(Opener);
 
-/// A bidirectional stream: `h3-quinn`'s sending half, a watched receiving half.
+/// A bidirectional stream: its sending half, a watched receiving half.
 pub(crate) struct Bidi<B: Buf> {
-    send: h3_quinn::SendStream<B>,
+    send: streams::Send<B>,
     recv: Recv,
 }
 
 impl<B: Buf> quic::BidiStream<B> for Bidi<B> {
-    type SendStream = h3_quinn::SendStream<B>;
+    type SendStream = streams::Send<B>;
     type RecvStream = Recv;
 
     fn split(self) -> (Self::SendStream, Recv) {
@@ -303,7 +302,7 @@ impl<B: Buf> quic::RecvStream for Bidi<B> {
 
 /// The receiving half of a stream, watched by its [`Scanner`].
 pub(crate) struct Recv {
-    inner: h3_quinn::RecvStream,
+    inner: streams::Recv,
     scan: Scanner,
     qconn: quinn::Connection,
 }

@@ -364,7 +364,7 @@ impl<B: Buf> quic::SendStream<B> for GuardedBidi<B> {
 }
 
 impl<B: Buf> quic::BidiStream<B> for GuardedBidi<B> {
-    type SendStream = h3_quinn::SendStream<B>;
+    type SendStream = super::streams::Send<B>;
     type RecvStream = GuardedRecvHalf;
 
     fn split(self) -> (Self::SendStream, GuardedRecvHalf) {

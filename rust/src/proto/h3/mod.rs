@@ -48,6 +48,7 @@ pub(crate) mod guard;
 pub(crate) mod head;
 pub(crate) mod interim;
 pub(crate) mod steer;
+pub(crate) mod streams;
 
 use std::future::poll_fn;
 use std::io;

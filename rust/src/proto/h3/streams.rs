@@ -1,0 +1,211 @@
+//! h3's QUIC stream traits on the quinn streams a client opens, in place
+//! of `h3-quinn`'s for them.
+//!
+//! `h3-quinn` 0.0.10's receiving stream moves its quinn stream into the
+//! read future while a read is pending, and `stop_sending` and `recv_id`
+//! unwrap it: stopping a stream whose next bytes have not arrived (a
+//! request head that timed out, [`super::deadline`]) panicked the task,
+//! and quinn then dropped the stream with STOP_SENDING code 0. Here the
+//! quinn stream stays in place: quinn's `read_chunk` is cancel-safe and
+//! keeps its state in the stream, so each poll makes its future afresh
+//! (on the stack, no allocation). The sending half is a copy of
+//! `h3-quinn`'s, whose constructor is private.
+
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes};
+use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
+use quinn::VarInt;
+
+/// A QUIC error code as quinn takes it; codes past 2^62 (never h3's) as
+/// the largest.
+fn code(c: u64) -> VarInt {
+    VarInt::from_u64(c).unwrap_or(VarInt::MAX)
+}
+
+/// h3's form of a quinn stream id.
+fn stream_id(id: quinn::StreamId) -> StreamId {
+    // quinn's stream ids are varints (< 2^62), which h3 accepts.
+    StreamId::try_from(u64::from(id)).expect("a quinn stream id is a varint")
+}
+
+/// A lost connection as h3 sees it (as `h3-quinn` maps it).
+pub(crate) fn connection_error(e: quinn::ConnectionError) -> ConnectionErrorIncoming {
+    match e {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            ConnectionErrorIncoming::ApplicationClose {
+                error_code: close.error_code.into(),
+            }
+        }
+        quinn::ConnectionError::TimedOut => ConnectionErrorIncoming::Timeout,
+        other => ConnectionErrorIncoming::Undefined(Arc::new(other)),
+    }
+}
+
+/// The receiving half of a client's stream.
+pub(crate) struct Recv {
+    stream: quinn::RecvStream,
+}
+
+impl Recv {
+    pub(crate) fn new(stream: quinn::RecvStream) -> Self {
+        Recv { stream }
+    }
+}
+
+impl quic::RecvStream for Recv {
+    type Buf = Bytes;
+
+    fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
+        let read = pin!(self.stream.read_chunk(usize::MAX, true));
+        Poll::Ready(match ready!(read.poll(cx)) {
+            Ok(chunk) => Ok(chunk.map(|c| c.bytes)),
+            Err(quinn::ReadError::Reset(c)) => Err(StreamErrorIncoming::StreamTerminated {
+                error_code: c.into_inner(),
+            }),
+            Err(quinn::ReadError::ConnectionLost(e)) => {
+                Err(StreamErrorIncoming::ConnectionErrorIncoming {
+                    connection_error: connection_error(e),
+                })
+            }
+            Err(e) => Err(StreamErrorIncoming::Unknown(Box::new(e))),
+        })
+    }
+
+    fn stop_sending(&mut self, error_code: u64) {
+        // Err: already stopped or finished and read; nothing to do.
+        let _ = self.stream.stop(code(error_code));
+    }
+
+    fn recv_id(&self) -> StreamId {
+        stream_id(self.stream.id())
+    }
+}
+
+/// The sending half of a client's bidirectional stream (as `h3-quinn`'s).
+pub(crate) struct Send<B: Buf> {
+    stream: quinn::SendStream,
+    writing: Option<WriteBuf<B>>,
+}
+
+impl<B: Buf> Send<B> {
+    pub(crate) fn new(stream: quinn::SendStream) -> Self {
+        Send {
+            stream,
+            writing: None,
+        }
+    }
+}
+
+fn write_error(e: quinn::WriteError) -> StreamErrorIncoming {
+    match e {
+        quinn::WriteError::Stopped(c) => StreamErrorIncoming::StreamTerminated {
+            error_code: c.into_inner(),
+        },
+        quinn::WriteError::ConnectionLost(e) => StreamErrorIncoming::ConnectionErrorIncoming {
+            connection_error: connection_error(e),
+        },
+        other => StreamErrorIncoming::Unknown(Box::new(other)),
+    }
+}
+
+impl<B: Buf> quic::SendStream<B> for Send<B> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        if let Some(data) = &mut self.writing {
+            while data.has_remaining() {
+                let written = ready!(Pin::new(&mut self.stream).poll_write(cx, data.chunk()))
+                    .map_err(write_error)?;
+                data.advance(written);
+            }
+        }
+        self.writing = None;
+        Poll::Ready(Ok(()))
+    }
+
+    fn send_data<T: Into<WriteBuf<B>>>(&mut self, data: T) -> Result<(), StreamErrorIncoming> {
+        if self.writing.is_some() {
+            // h3 misusing the trait (as `h3-quinn` answers it).
+            return Err(StreamErrorIncoming::ConnectionErrorIncoming {
+                connection_error: ConnectionErrorIncoming::InternalError(
+                    "send_data while a write is pending".into(),
+                ),
+            });
+        }
+        self.writing = Some(data.into());
+        Ok(())
+    }
+
+    fn poll_finish(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
+        Poll::Ready(
+            self.stream
+                .finish()
+                .map_err(|e| StreamErrorIncoming::Unknown(Box::new(e))),
+        )
+    }
+
+    fn reset(&mut self, reset_code: u64) {
+        let _ = self.stream.reset(code(reset_code));
+    }
+
+    fn send_id(&self) -> StreamId {
+        stream_id(self.stream.id())
+    }
+}
+
+/// An accept of quinn's, boxed to be polled from h3's traits.
+type Accepting<T> =
+    Pin<Box<dyn Future<Output = Result<T, quinn::ConnectionError>> + std::marker::Send + Sync>>;
+
+/// Accepts the client's streams of a connection, one kind at a time.
+pub(crate) struct Acceptor {
+    qconn: quinn::Connection,
+    bidi: Option<Accepting<(quinn::SendStream, quinn::RecvStream)>>,
+    uni: Option<Accepting<quinn::RecvStream>>,
+}
+
+impl Acceptor {
+    pub(crate) fn new(qconn: quinn::Connection) -> Self {
+        Acceptor {
+            qconn,
+            bidi: None,
+            uni: None,
+        }
+    }
+
+    /// The next bidirectional stream the client opens.
+    pub(crate) fn poll_bidi<B: Buf>(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(Send<B>, Recv), ConnectionErrorIncoming>> {
+        let qconn = &self.qconn;
+        let accepting = self.bidi.get_or_insert_with(|| {
+            let q = qconn.clone();
+            Box::pin(async move { q.accept_bi().await })
+        });
+        let got = ready!(accepting.as_mut().poll(cx));
+        self.bidi = None;
+        let (send, recv) = got.map_err(connection_error)?;
+        Poll::Ready(Ok((Send::new(send), Recv::new(recv))))
+    }
+
+    /// The next unidirectional stream the client opens.
+    pub(crate) fn poll_uni(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Recv, ConnectionErrorIncoming>> {
+        let qconn = &self.qconn;
+        let accepting = self.uni.get_or_insert_with(|| {
+            let q = qconn.clone();
+            Box::pin(async move { q.accept_uni().await })
+        });
+        let got = ready!(accepting.as_mut().poll(cx));
+        self.uni = None;
+        Poll::Ready(Ok(Recv::new(got.map_err(connection_error)?)))
+    }
+}
