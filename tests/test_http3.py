@@ -206,6 +206,38 @@ def test_a_request_reset_mid_body_is_a_disconnect(pki):
         assert any("upload_disconnect" in e for e in events), events
 
 
+def test_a_reset_request_body_gets_no_answer_and_no_access_log_line(pki):
+    """RESET_STREAM on the client's sending side only, mid-body: the app
+    sees `http.disconnect` and returns without answering; as on HTTP/2
+    (RST_STREAM), the server writes no response of its own (not a 400)
+    but resets its side (H3_REQUEST_CANCELLED), and logs no access line
+    for a response never sent."""
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                sid = c.start("POST", "/upload-count?tag=h3bodyreset", body=b"x" * 20000, end=False)
+                # The app has the first bytes once a second request is served
+                # on the same connection after them.
+                assert (await c.request("GET", "/")).status == 200
+                c._quic.reset_stream(sid, REQUEST_CANCELLED)
+                c.transmit()
+                r = await c.response(sid, timeout=5)
+                for _ in range(200):
+                    events = json.loads((await c.request("GET", "/events")).body)
+                    if any("upload_disconnect" in e for e in events):
+                        break
+                    await asyncio.sleep(0.02)
+                return r, events
+
+        r, events = run(go())
+    assert any("upload_disconnect" in e for e in events), events
+    assert (r.status, r.body, r.reset) == (0, b"", REQUEST_CANCELLED), r
+    assert "POST /upload-count" not in s.logs(), s.logs()
+    assert " 400 " not in s.logs(), s.logs()
+
+
 def test_stop_sending_mid_response_is_a_disconnect(pki):
     with h3_skirr(pki) as s:
         wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")

@@ -14,6 +14,7 @@ use ::h3::server::RequestStream;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, Response};
 use http_body::{Body, Frame, SizeHint};
+use tokio_util::sync::CancellationToken;
 
 use crate::http::body::ResponseBody;
 use crate::http::interim::{encode_h1, InterimSlot};
@@ -56,8 +57,12 @@ enum Stage {
 }
 
 /// A request body read from the receiving half of its stream. An error
-/// (the client reset the stream, the connection closed) reaches the
-/// service, which tells the app `http.disconnect`.
+/// (the connection closed, a malformed body) reaches the service, which
+/// tells the app `http.disconnect`. The client resetting its sending half
+/// (RESET_STREAM) cancels `client_reset` instead and the body goes quiet:
+/// the request's task then drops the service, as hyper does on HTTP/2's
+/// RST_STREAM, so that no answer of the server's own (a `400`) is written
+/// or access-logged for a client that left.
 pub(crate) struct H3Body {
     recv: RecvHalf,
     stage: Stage,
@@ -77,17 +82,20 @@ pub(crate) struct H3Body {
     /// read (the app awaits `receive()`) queues the `100` the client waits
     /// for (RFC 9110 §10.1.1); taken then.
     continue_to: Option<Arc<InterimSlot>>,
+    /// Cancelled when the client resets its sending half.
+    client_reset: CancellationToken,
 }
 
 impl H3Body {
     /// The body of a request whose head declared `declared` bytes;
     /// `malformed` is set if the body turns out malformed; `continue_to`:
-    /// its interim slot if the client expects a `100`.
+    /// its interim slot if the client expects a `100`; `client_reset`:
+    /// cancelled if the client resets its sending half.
     pub(crate) fn new(
         recv: RecvHalf,
         declared: Option<u64>,
-        malformed: Arc<AtomicBool>,
-        continue_to: Option<Arc<InterimSlot>>,
+        (malformed, continue_to): (Arc<AtomicBool>, Option<Arc<InterimSlot>>),
+        client_reset: CancellationToken,
     ) -> Self {
         H3Body {
             recv,
@@ -98,6 +106,7 @@ impl H3Body {
             error: None,
             malformed,
             continue_to,
+            client_reset,
         }
     }
 
@@ -129,7 +138,8 @@ impl H3Body {
                     }
                     Poll::Ready(Ok(None)) => self.stage = Stage::Trailers,
                     // Reported on the service's first poll.
-                    Poll::Ready(Err(_)) | Poll::Pending => {}
+                    Poll::Ready(Err(e)) => self.note_reset(&e),
+                    Poll::Pending => {}
                 }
             }
             if self.stage == Stage::Trailers && self.first.is_none() {
@@ -235,13 +245,21 @@ impl Body for H3Body {
         if let Some(data) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
+        if this.client_reset.is_cancelled() {
+            // The request's task drops the service (it was woken).
+            return Poll::Pending;
+        }
         if let Some(e) = this.error.take() {
             return Poll::Ready(Some(Err(e)));
         }
-        match this.stage {
+        let got = match this.stage {
             Stage::Data => this.poll_data(cx),
             Stage::Trailers => this.poll_trailers(cx),
             Stage::Done => Poll::Ready(None),
+        };
+        match got {
+            Poll::Ready(Some(Err(_))) if this.client_reset.is_cancelled() => Poll::Pending,
+            got => got,
         }
     }
 
@@ -267,7 +285,18 @@ impl H3Body {
         {
             self.malformed.store(true, Ordering::Relaxed);
         }
+        self.note_reset(&e);
         BodyError::Stream(e)
+    }
+
+    /// Cancels `client_reset` if `e` is the client's RESET_STREAM (any
+    /// code but H3_MESSAGE_ERROR, which is Skirr's own check of the
+    /// trailers, see [`super::head`]).
+    fn note_reset(&self, e: &::h3::error::StreamError) {
+        if matches!(e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code != MESSAGE_ERROR)
+        {
+            self.client_reset.cancel();
+        }
     }
 
     /// Bytes read by [`H3Body::prime`] and not handed out yet.

@@ -530,7 +530,9 @@ async fn request(
     let malformed = Arc::new(AtomicBool::new(false));
     let expect = crate::http::service::expects_continue(req.headers());
     let continue_to = expect.then(|| Arc::clone(&ctx.interim));
-    let mut body = H3Body::new(recv, declared, Arc::clone(&malformed), continue_to);
+    let client_reset = CancellationToken::new();
+    let flags = (Arc::clone(&malformed), continue_to);
+    let mut body = H3Body::new(recv, declared, flags, client_reset.clone());
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
@@ -547,9 +549,28 @@ async fn request(
             }
         },
         _ = qconn.closed() => return,
+        // The service is dropped: the app sees `http.disconnect`.
+        _ = client_reset.cancelled() => return cancelled(&mut send, &ctx),
     };
     let written = body::respond(&mut send, resp, send_timeout, &malformed);
-    if let Err(e) = deadline::watched(written, &ctx, &t).await {
-        tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
+    tokio::select! {
+        r = deadline::watched(written, &ctx, &t) => if let Err(e) = r {
+            tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
+        },
+        // Mid-response, with the body still read: the response goes too.
+        _ = client_reset.cancelled() => cancelled(&mut send, &ctx),
     }
+}
+
+/// The client reset its sending half mid-body (RESET_STREAM): as on
+/// HTTP/2's RST_STREAM, no answer of the server's own and no access-log
+/// line; the stream's sending half is reset (H3_REQUEST_CANCELLED) rather
+/// than left for quinn to end with a FIN, which would read as an empty
+/// response.
+fn cancelled(send: &mut SendHalf, ctx: &ConnCtx) {
+    tracing::debug!(
+        "HTTP/3 request from {:?}: body reset by the client",
+        ctx.info.peer
+    );
+    send.stop_stream(::h3::error::Code::H3_REQUEST_CANCELLED);
 }
