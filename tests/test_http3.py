@@ -468,6 +468,34 @@ def test_header_read_timeout_resets_a_stream_whose_headers_never_complete(pki):
     assert "panicked" not in s.logs(), s.logs()
 
 
+@pytest.mark.parametrize("mode", ["gunicorn", "single"])
+def test_header_read_timeout_reject_is_clean_under_gunicorn_and_single_loop(pki, tmp_path, mode):
+    """The same reject under a Gunicorn worker and with `loop_mode`
+    single: both codes on the wire, no panic in the output."""
+    env = {"SKIRR_HEADER_READ_TIMEOUT": "0.5"}
+    if mode == "gunicorn":
+        conf = tmp_path / "gunicorn.conf.py"
+        conf.write_text("skirr_http3 = True\n")
+        args = ["-c", str(conf), "-w", "1", "--certfile", pki["cert"], "--keyfile", pki["key"]]
+        server = gunicorn("apps.probe:app", *args, env=env, ready=False)
+    else:
+        server = h3_skirr(pki, "apps.probe:app", "--loop-mode", "single", env=env)
+    with server as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                stalled = c.start_raw(b"\x01\x40\x40" + b"\x00\x00\xd1")
+                r = await c.response(stalled, timeout=5)
+                await _stop_sending(r)
+                return r, await c.request("GET", "/")
+
+        r, after = run(go())
+    assert (r.reset, r.stop_sending) == (REQUEST_REJECTED, REQUEST_REJECTED)
+    assert after.status == 200
+    assert "panicked" not in s.logs(), s.logs()
+
+
 def test_an_incomplete_head_gets_drain_grace_during_a_drain(pki):
     """Draining, a stream whose HEADERS never complete is reset after
     `drain_grace` (not `header_read_timeout`), so the worker exits soon."""

@@ -14,7 +14,10 @@
 //! are typed first ([`guard`]): a push stream, and QPACK instructions a
 //! server without a dynamic table cannot take, are connection errors; the
 //! field sections of request streams are checked on their way to h3 for
-//! the malformed ones h3 lets through ([`head`]).
+//! the malformed ones h3 lets through ([`head`]). The client's streams
+//! are read and written through Skirr's own quinn adapters ([`streams`]):
+//! `h3-quinn`'s receiving stream cannot be stopped while a read is
+//! pending, so only the server's own streams are `h3-quinn`'s.
 //!
 //! Limits: flow-control windows of [`STREAM_WINDOW`] and
 //! [`CONNECTION_WINDOW`], `http2_max_concurrent_streams` bidirectional
