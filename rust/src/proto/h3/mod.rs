@@ -244,14 +244,21 @@ pub(crate) async fn serve(
     }
     alt.set(false);
     steer::serving(false);
-    // Open connections drain (the server orders them). New ones the
-    // kernel still sends to this socket are refused at once
-    // (CONNECTION_REFUSED), so that their clients try again or fall back
-    // to TCP instead of waiting out a handshake timeout; this task ends
-    // with the runtime.
+    // Open connections drain (the server orders them). A new one the
+    // kernel still sends to this socket is dropped while a successor may
+    // take it (under a master: its client's retransmitted Initial reaches
+    // the worker that serves by then, see `steer::hold_new`), else refused
+    // at once (CONNECTION_REFUSED), so that its client tries again or falls
+    // back to TCP instead of waiting out a handshake timeout; this task
+    // ends with the runtime.
+    let since = std::time::Instant::now();
     tokio::spawn(async move {
         while let Some(incoming) = endpoint.accept().await {
-            incoming.refuse();
+            if steer::hold_new(since.elapsed()) {
+                incoming.ignore();
+            } else {
+                incoming.refuse();
+            }
         }
     });
 }
