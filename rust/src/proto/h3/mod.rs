@@ -543,19 +543,23 @@ async fn request(
     // wrappers below pin what they get, so a future passed by value would
     // take two slots in this task's state (27 KiB before, copied into the
     // task's box on every request).
-    let handle = pin!(super::dispatch::handle(req, Arc::clone(&ctx)));
-    let service = pin!(deadline::watched(handle, &ctx, &t));
-    // Interim responses go out while the service runs.
-    let resp = tokio::select! {
-        r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
-            Ok(Ok(r)) => r,
-            Ok(Err(never)) => match never {},
-            Err(why) => {
-                tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
-                return;
-            }
-        },
-        _ = qconn.closed() => return,
+    // In a block: the app's futures end before the response is written,
+    // so their bytes and `respond`'s share one place in the task's state.
+    let resp = {
+        let handle = pin!(super::dispatch::handle(req, Arc::clone(&ctx)));
+        let service = pin!(deadline::watched(handle, &ctx, &t));
+        // Interim responses go out while the service runs.
+        tokio::select! {
+            r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
+                Ok(Ok(r)) => r,
+                Ok(Err(never)) => match never {},
+                Err(why) => {
+                    tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
+                    return;
+                }
+            },
+            _ = qconn.closed() => return,
+        }
     };
     let written = pin!(body::respond(&mut send, resp, send_timeout, &malformed));
     if let Err(e) = deadline::watched(written, &ctx, &t).await {
