@@ -106,7 +106,13 @@ SERVERS = {
     "rustwasgi": "{bin}/gunicorn -k rustwasgi.gunicorn.RustWASGIWorker -w 1 -b 127.0.0.1:{port} "
     "--log-level warning {app}",
     "hyper": "{root}/target/release/hyper-hello {port}",
+    # Issue 22's one-thread mode (not in DEFAULT_SERVERS): `loop_mode single`.
+    "skirr-single": "{py} -m skirr {app} --port {port} --no-access-log --lifespan off --loop-mode single",
+    "skirr-gunicorn-single": "{bin}/gunicorn -k skirr.RustWorker -w 1 -b 127.0.0.1:{port} --log-level warning {app}",
 }
+
+# Environment a server entry needs beyond its command line.
+SERVER_ENV = {"skirr-gunicorn-single": {"SKIRR_LOOP_MODE": "single"}}
 
 # What each server needs to serve HTTP/2 over cleartext with prior knowledge
 # (h2c) on the port it also serves HTTP/1.1 on: appended to its command line
@@ -230,6 +236,55 @@ def tree_pss_kib(pid: int) -> int:
         except OSError:
             pass
     return total
+
+
+def proc_mem_kib(pid: int) -> dict:
+    """PSS, USS (private clean + dirty) and anonymous PSS of one process, KiB."""
+    out = {"pid": pid, "pss": 0, "uss": 0, "pss_anon": 0}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                k, v = line.split()[:2]
+                if k == "Pss:":
+                    out["pss"] = int(v)
+                elif k in ("Private_Clean:", "Private_Dirty:"):
+                    out["uss"] += int(v)
+                elif k == "Pss_Anon:":
+                    out["pss_anon"] = int(v)
+        out["threads"] = len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        pass
+    return out
+
+
+def tree_mem_kib(pid: int) -> dict:
+    """`proc_mem_kib` of each process of the tree (the first is the one
+    started: Gunicorn's master) and their sums."""
+    procs = [proc_mem_kib(p) for p in tree_pids(pid)]
+    return {
+        "pss": sum(p["pss"] for p in procs),
+        "uss": sum(p["uss"] for p in procs),
+        "procs": procs,
+    }
+
+
+def serve_some(port: int, conns: int = 20, per_conn: int = 100) -> int:
+    """`conns` keep-alive connections, one after the other, each making
+    `per_conn` sequential `GET /`; the responses answered."""
+    req = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    done = 0
+    for _ in range(conns):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            for _ in range(per_conn):
+                s.sendall(req)
+                buf = b""
+                while b"Hello, world!" not in buf:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        return done
+                    buf += chunk
+                done += 1
+    return done
 
 
 def one_request(port: int, w: Workload, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -449,9 +504,9 @@ def start_server(
     if websockets:
         tmpl = tmpl.replace(" --no-ws", "")
     app = w.app
-    py = SKIRR_PY if name == "skirr" and SKIRR_PY else venv / "bin" / "python"
+    py = SKIRR_PY if name in ("skirr", "skirr-single") and SKIRR_PY else venv / "bin" / "python"
     cmd = tmpl.format(py=py, bin=venv / "bin", app=app, port=port, root=ROOT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **SERVER_ENV.get(name, {}), **(env or {}))
     return subprocess.Popen(
         ["taskset", "-c", SERVER_CPU, *shlex.split(cmd)],
         cwd=str(ROOT),
@@ -798,6 +853,8 @@ IDLE_EXTRA = {
     "skirr": " --keepalive-timeout 30",
     "skirr-gunicorn": " --worker-connections 20000 --keep-alive 30",
     "skirr-gunicorn-reuseport": " --worker-connections 20000 --keep-alive 30",
+    "skirr-single": " --keepalive-timeout 30",
+    "skirr-gunicorn-single": " --worker-connections 20000 --keep-alive 30",
     "uvicorn": " --timeout-keep-alive 30",
     "uvicorn-worker": " --worker-connections 20000 --keep-alive 30",
     "gunicorn-asgi": " --worker-connections 20000 --keep-alive 30",
@@ -847,6 +904,14 @@ def measure_idle(name: str, n: int, venv: Path) -> dict:
             if verify(port, w) is None:
                 break
             time.sleep(0.1)
+        # Right after boot (one request: the readiness check) and after
+        # 2,000 keep-alive requests on 20 connections, each closed; 1 s to
+        # settle after each (allocators' decay, parked connections).
+        time.sleep(1.0)
+        out["boot"] = tree_mem_kib(proc.pid)
+        out["served"] = serve_some(port)
+        time.sleep(1.0)
+        out["after_requests"] = tree_mem_kib(proc.pid)
         before = tree_pss_kib(proc.pid)
         req = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
         for _ in range(n):
@@ -863,9 +928,11 @@ def measure_idle(name: str, n: int, venv: Path) -> dict:
         for _ in range(10):
             time.sleep(0.5)
             after = min(after, tree_pss_kib(proc.pid))
+        out["with_connections"] = tree_mem_kib(proc.pid)
         out.update(
             pss_before_kib=before,
             pss_after_kib=after,
+            kib_per_connection=(after - before) / n,
             answered=got,
             held=still_open(socks),
             delta_mib=(after - before) / 1024.0,
@@ -998,6 +1065,10 @@ def machine() -> dict:
         "kernel": platform.release(),
         "git_sha": sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else ""),
     }
+
+
+def _mib(kib: int | None) -> str:
+    return f"{kib / 1024:.1f}" if kib else "?"
 
 
 def _us(v: float | None) -> str:
@@ -1143,17 +1214,33 @@ def markdown(report: dict) -> str:
     if report.get("idle"):
         lines.append(f"### {report['args']['idle']:,} idle keep-alive connections")
         lines.append("")
-        lines.append("| server | answered | held | PSS before MiB | PSS with connections MiB | cost MiB |")
-        lines.append("|---|---:|---:|---:|---:|---:|")
+        lines.append(
+            "| server | PSS boot MiB | USS boot | PSS after 2,000 req | USS after | worker PSS / USS after | "
+            "answered | held | PSS with connections MiB | cost MiB | KiB per connection |"
+        )
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in report["idle"]:
             if c.get("error"):
-                lines.append(f"| {c['server']} | {c['error']} | | | | |")
+                lines.append(f"| {c['server']} | {c['error']} | | | | | | | | | |")
                 continue
             held = f"{c['held']:,}" if c.get("held") is not None else "?"
+            b, a = c.get("boot") or {}, c.get("after_requests") or {}
+            procs = a.get("procs") or [{}]
+            # The worker: the process started (one-process servers) or its
+            # largest child (a master's worker).
+            wk = max(procs[1:], key=lambda p: p.get("pss", 0)) if len(procs) > 1 else procs[0]
             lines.append(
-                f"| {c['server']} | {c['answered']:,} | {held} | {c['pss_before_kib'] / 1024:.1f} | "
-                f"{c['pss_after_kib'] / 1024:.1f} | {c['delta_mib']:.1f} |"
+                f"| {c['server']} | {_mib(b.get('pss'))} | {_mib(b.get('uss'))} | {_mib(a.get('pss'))} | "
+                f"{_mib(a.get('uss'))} | {_mib(wk.get('pss'))} / {_mib(wk.get('uss'))} | {c['answered']:,} | {held} | "
+                f"{c['pss_after_kib'] / 1024:.1f} | {c['delta_mib']:.1f} | {c.get('kib_per_connection', 0):.2f} |"
             )
+        lines.append("")
+        lines.append(
+            "PSS and USS of the whole process tree (Gunicorn: master + worker); worker: the process started, "
+            "or its largest child when it has any. Boot: 1 s after the first answered request; after: 2,000 "
+            "keep-alive requests on 20 connections (closed), 1 s later. Cost: lowest PSS over 5 s with the "
+            "connections held minus PSS before them."
+        )
         lines.append("")
     if report.get("idle_h3"):
         lines.append(f"### {report['args']['idle_h3']:,} idle HTTP/3 connections (one GET each, client PING every 1 s)")

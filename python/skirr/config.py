@@ -669,8 +669,6 @@ def misspelt_env(environ: Mapping[str, str] | None = None) -> list[str]:
     name close to an option's (``SKIRR_SEND_TIMOUT``), or a command-line
     flag's (``SKIRR_PORT``). Other ``SKIRR_*`` names (tools' own, like the
     test suite's) are left alone."""
-    import difflib
-
     environ = os.environ if environ is None else environ
     known = [o.env for o in OPTIONS]
     out = []
@@ -680,6 +678,10 @@ def misspelt_env(environ: Mapping[str, str] | None = None) -> list[str]:
             out.append(f"ignoring {name}: {flag} (a python -m skirr flag) has no environment variable")
             continue
         if name.startswith("SKIRR_") and name not in known:
+            # Imported here, for a SKIRR_ name no option has: every
+            # worker would otherwise carry difflib (~0.16 MiB; bench/NOTES.md, entry 56).
+            import difflib
+
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
             if close:
                 out.append(f"ignoring {name}: no such option (did you mean {close[0]}?)")

@@ -247,6 +247,18 @@ def _recycle_lock_fd(tmp_dir: str | None) -> int:
     return fd
 
 
+def _preload_uvloop() -> None:
+    """Imports uvloop in the master, before the fork, when the workers
+    will run it: its code and module objects are then shared by every
+    worker (copy-on-write) instead of loaded by each after the fork
+    (~1.5 MiB a worker; bench/NOTES.md, entry 57). Missing: the worker
+    falls back (``auto``) or fails (``uvloop``) as before."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        pass
+
+
 class RustWorker(Worker):
     """A Gunicorn worker serving ASGI applications with Skirr's Rust core."""
 
@@ -272,7 +284,11 @@ class RustWorker(Worker):
         self._h3_steer: tuple | None = None
         try:
             fallback = gunicorn_settings.fallback(self.cfg, self.max_requests)
-            early = config.resolve(fallback=fallback, only=("metrics_bind", "http3", "http3_port"))
+            early = config.resolve(
+                fallback=fallback, only=("metrics_bind", "http3", "http3_port", "loop", "loop_mode")
+            )
+            if early["loop_mode"] == "dual" and early["loop"] != "asyncio":
+                _preload_uvloop()
             if early["metrics_bind"]:
                 self._metrics = metrics.exposition(early["metrics_bind"], "metrics_bind", self.log)
             if early["http3"]:

@@ -32,7 +32,12 @@ fn method<'py>(py: Python<'py>, n: &Names, m: &Method) -> Bound<'py, PyString> {
 
 /// `path`: the request target's path, percent-decoded, then UTF-8 decoded
 /// (invalid sequences become U+FFFD, as `urllib.parse.unquote` does).
+/// A path without `%` is its own decoding (`raw` is UTF-8 already): the
+/// common case skips the decoder.
 pub(crate) fn decode_path(raw: &str) -> Cow<'_, str> {
+    if !raw.as_bytes().contains(&b'%') {
+        return Cow::Borrowed(raw);
+    }
     percent_decode_str(raw).decode_utf8_lossy()
 }
 
@@ -268,6 +273,7 @@ mod tests {
         assert_eq!(decode_path("/a%20b"), "/a b");
         assert_eq!(decode_path("/caf%C3%A9"), "/café");
         assert_eq!(decode_path("/plain"), "/plain");
+        assert_eq!(decode_path("/caf\u{e9}"), "/caf\u{e9}");
     }
 
     #[test]

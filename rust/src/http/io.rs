@@ -229,6 +229,11 @@ impl<I: AsyncRead + Readiness + Unpin> AsyncRead for ConnIo<I> {
             buf.put_slice(&self.prefix[..n]);
             let this = &mut *self;
             this.prefix.advance(n);
+            if this.prefix.is_empty() {
+                // An emptied `Bytes` still owns its allocation: a parked
+                // connection would keep its first read's bytes.
+                this.prefix = Bytes::new();
+            }
             this.conn.activity.on_bytes();
             let filled = buf.filled();
             this.scan(&filled[filled.len() - n..]);

@@ -12,7 +12,7 @@
 //! `Content-Length` and `Transfer-Encoding` is read as chunked and the
 //! connection is closed after the response (RFC 9112 §6.1).
 
-use http::header::{EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
+use http::header::{EXPECT, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::request::Parts;
 use http::{Method, StatusCode, Uri, Version};
 
@@ -73,6 +73,8 @@ pub struct Seen {
     pub upgrade: bool,
     /// An `Expect` field.
     pub expect: bool,
+    /// A `TE` field (whether it asks for trailers is read only then).
+    pub te: bool,
 }
 
 /// Checks a parsed request head: `Ok` if the app should see it, with the
@@ -110,6 +112,8 @@ pub fn check_head(parts: &Parts, limits: &Limits) -> Result<Seen, Rejection> {
             seen.upgrade = true;
         } else if name == EXPECT {
             seen.expect = true;
+        } else if name == TE {
+            seen.te = true;
         }
     }
     // An HTTP/2 extended CONNECT (RFC 8441) opens a WebSocket, not a tunnel.
@@ -210,8 +214,27 @@ fn check_host(version: Version, hosts: usize, first: Option<&[u8]>) -> Result<()
     }
 }
 
+/// RFC 3986's `unreserved` and `sub-delims` bytes, one table lookup per
+/// byte (a `Host` value is checked on every request).
+const UNRESERVED_OR_SUB_DELIM: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let extra = b"-._~!$&'()*+,;=";
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
+
+#[inline]
 fn is_unreserved_or_sub_delim(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b)
+    UNRESERVED_OR_SUB_DELIM[b as usize]
 }
 
 /// `Host = uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2). An
@@ -305,7 +328,8 @@ mod tests {
         assert_eq!(seen("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), Seen::default());
         let s =
             seen("GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nExpect: 100-continue\r\n\r\n");
-        assert!(s.upgrade && s.expect);
+        assert!(s.upgrade && s.expect && !s.te);
+        assert!(seen("GET / HTTP/1.1\r\nHost: a\r\nTE: trailers\r\n\r\n").te);
     }
 
     #[test]
@@ -337,6 +361,14 @@ mod tests {
         assert_eq!(status("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), Some(400));
         assert_eq!(status("GET / HTTP/1.0\r\n\r\n"), None);
         assert_eq!(status("GET / HTTP/1.0\r\nHost: x@y\r\n\r\n"), Some(400));
+    }
+
+    #[test]
+    fn host_byte_table_matches_rfc_3986() {
+        for b in 0..=255u8 {
+            let want = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b);
+            assert_eq!(is_unreserved_or_sub_delim(b), want, "byte {b}");
+        }
     }
 
     #[test]

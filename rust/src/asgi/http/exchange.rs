@@ -181,16 +181,19 @@ impl Exchange {
     /// An exchange whose request body is already complete (`body` may be
     /// empty for a request without one).
     pub(crate) fn with_complete_body(body: Bytes) -> Self {
-        let ex = Exchange::default();
-        {
-            let mut st = ex.st.lock();
-            st.body_end = true;
-            if !body.is_empty() {
-                st.body_bytes = body.len();
-                st.body.push_back(body);
-            }
+        // Built in place: no lock taken on a state nobody else sees yet.
+        let mut st = ExchState {
+            body_end: true,
+            ..ExchState::default()
+        };
+        if !body.is_empty() {
+            st.body_bytes = body.len();
+            st.body.push_back(body);
         }
-        ex
+        Exchange {
+            st: Mutex::new(st),
+            wake: WakeSlot::default(),
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, ExchState> {

@@ -5,7 +5,7 @@
 //! wrong type, `RuntimeError` when it has a forbidden value.
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONNECTION, TRANSFER_ENCODING};
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, StatusCode};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::intern;
@@ -25,6 +25,8 @@ pub(crate) enum HttpSend {
         headers: HeaderMap,
         /// `trailers`: `http.response.trailers` messages follow the body.
         trailers: bool,
+        /// `headers` has a `Content-Length` field (only then is it read).
+        has_length: bool,
     },
     Body {
         body: Bytes,
@@ -124,13 +126,14 @@ use crate::asgi::message::{message_type, type_name};
 ///
 /// `Transfer-Encoding` is dropped: the server owns message framing (it picks
 /// `Content-Length`, chunked, or close-delimited per RFC 9112 §6), and
-/// `Connection` is kept only as `close` (RFC 9110 §7.6.1).
+/// `Connection` is kept only as `close` (RFC 9110 §7.6.1). Returns whether
+/// the field is `Content-Length`.
 fn add_header(
     map: &mut HeaderMap,
     name: &Bound<'_, PyAny>,
     value: &Bound<'_, PyAny>,
     what: &str,
-) -> PyResult<()> {
+) -> PyResult<bool> {
     let name = name.cast::<PyBytes>().map_err(|_| {
         PyTypeError::new_err(format!(
             "{what} header names must be bytes, got {}",
@@ -169,10 +172,14 @@ fn add_header(
         {
             map.insert(CONNECTION, HeaderValue::from_static("close"));
         }
-    } else if hn != TRANSFER_ENCODING {
-        map.append(hn, hv);
+        return Ok(false);
     }
-    Ok(())
+    if hn == TRANSFER_ENCODING {
+        return Ok(false);
+    }
+    let length = hn == CONTENT_LENGTH;
+    map.append(hn, hv);
+    Ok(length)
 }
 
 fn not_a_pair(what: &str) -> PyErr {
@@ -181,8 +188,9 @@ fn not_a_pair(what: &str) -> PyErr {
     ))
 }
 
-/// One header item: a 2-tuple (fast path) or any 2-item iterable.
-fn add_item(map: &mut HeaderMap, item: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+/// One header item: a 2-tuple (fast path) or any 2-item iterable; whether
+/// it is `Content-Length`.
+fn add_item(map: &mut HeaderMap, item: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
     if let Ok(t) = item.cast::<PyTuple>() {
         if t.len() != 2 {
             return Err(not_a_pair(what));
@@ -205,12 +213,18 @@ fn add_item(map: &mut HeaderMap, item: &Bound<'_, PyAny>, what: &str) -> PyResul
 /// Parses the `headers` of a start message into a `HeaderMap`: a list
 /// (fast path) or any iterable of `[name, value]` byte-string pairs.
 pub(crate) fn parse_headers(v: &Bound<'_, PyAny>, what: &str) -> PyResult<HeaderMap> {
+    fields(v, what).map(|(map, _)| map)
+}
+
+/// [`parse_headers`], and whether a `Content-Length` field came.
+fn fields(v: &Bound<'_, PyAny>, what: &str) -> PyResult<(HeaderMap, bool)> {
+    let mut length = false;
     if let Ok(list) = v.cast::<PyList>() {
         let mut map = HeaderMap::with_capacity(list.len());
         for item in list.iter() {
-            add_item(&mut map, &item, what)?;
+            length |= add_item(&mut map, &item, what)?;
         }
-        return Ok(map);
+        return Ok((map, length));
     }
     let mut map = HeaderMap::new();
     for item in v.try_iter().map_err(|_| {
@@ -219,9 +233,9 @@ pub(crate) fn parse_headers(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Header
             type_name(v)
         ))
     })? {
-        add_item(&mut map, &item?, what)?;
+        length |= add_item(&mut map, &item?, what)?;
     }
-    Ok(map)
+    Ok((map, length))
 }
 
 /// Reads a response status: an `int` in 200..=599.
@@ -393,9 +407,9 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
     if kind == "http.response.start" {
         const WHAT: &str = "http.response.start";
         let status = parse_status(d.get_item(n.status.bind(py))?, WHAT)?;
-        let headers = match d.get_item(n.headers.bind(py))? {
-            Some(h) => parse_headers(&h, WHAT)?,
-            None => HeaderMap::new(),
+        let (headers, has_length) = match d.get_item(n.headers.bind(py))? {
+            Some(h) => fields(&h, WHAT)?,
+            None => (HeaderMap::new(), false),
         };
         let trailers = match d.get_item(n.trailers.bind(py))? {
             Some(tr) => tr.is_truthy()?,
@@ -405,6 +419,7 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
             status,
             headers,
             trailers,
+            has_length,
         });
     }
     if kind == "http.response.early_hint" {

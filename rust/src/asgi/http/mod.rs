@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 
 use crate::asgi::conn::ConnInfo;
 use crate::asgi::context::AppContext;
-use crate::asgi::http::exchange::{Exchange, TrailersWanted};
+use crate::asgi::http::exchange::Exchange;
 use crate::asgi::http::protocol::HttpProtocol;
 use crate::asgi::scope::http_scope;
 
@@ -39,11 +39,8 @@ pub(crate) fn start(
 ) {
     let head = parts.method == http::Method::HEAD;
     let built = http_scope(py, ctx, &parts, conn, interim);
-    // `No` is the exchange's default: its lock is taken only for a `TE: trailers`.
-    let trailers = TrailersWanted::of(parts.version, &parts.headers);
-    if trailers != TrailersWanted::No {
-        exch.lock().trailers = trailers;
-    }
+    // The exchange's trailers verdict (`TE: trailers`) was set by the
+    // Tokio side before the request was queued.
     // The app sees only the scope: the head goes back to the Tokio side.
     ctx.shared.wakeups.retire(parts);
     let scope = match built {
@@ -60,7 +57,15 @@ pub(crate) fn start(
         exch.lock().app_started = Some(Instant::now());
     }
     let proto = HttpProtocol::new(exch, Arc::clone(ctx), head, interim, received, keep_scope);
-    crate::asgi::start::call(py, ctx, scope, proto, "could not create the HTTP protocol");
+    static METHODS: crate::asgi::start::Methods = crate::asgi::start::Methods::new();
+    crate::asgi::start::call(
+        py,
+        ctx,
+        scope,
+        proto,
+        &METHODS,
+        "could not create the HTTP protocol",
+    );
 }
 
 /// Writes the access-log line of a request the server answered before

@@ -575,6 +575,7 @@ impl HttpProtocol {
                 status,
                 headers,
                 trailers,
+                has_length,
             } => {
                 if self.exch.lock().gone {
                     return Err(self.client_gone(py, &mut st));
@@ -587,9 +588,14 @@ impl HttpProtocol {
                         "http.response.start sent twice: the response has already started",
                     ));
                 }
-                let declared = declared_length(&headers).map_err(|reason| {
-                    PyRuntimeError::new_err(format!("http.response.start has an {reason}"))
-                })?;
+                // Read only when the app sent a `Content-Length`.
+                let declared = if has_length {
+                    declared_length(&headers).map_err(|reason| {
+                        PyRuntimeError::new_err(format!("http.response.start has an {reason}"))
+                    })?
+                } else {
+                    None
+                };
                 st.no_body = !status_allows_body(status);
                 let mut headers = headers;
                 if st.no_body && status != StatusCode::NOT_MODIFIED {

@@ -43,11 +43,13 @@ pub(crate) fn start(
             return;
         }
     };
+    static METHODS: crate::asgi::start::Methods = crate::asgi::start::Methods::new();
     crate::asgi::start::call(
         py,
         ctx,
         scope,
         proto,
+        &METHODS,
         "could not create the WebSocket protocol",
     );
 }
