@@ -53,6 +53,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
@@ -443,7 +444,11 @@ async fn drive(
                     }
                     last = Some(id);
                     let guard = StreamGuard::new(&streams);
-                    tracker.spawn(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
+                    // Boxed: the request future is large (the app call,
+                    // body and response states), and spawn moves it twice
+                    // (into spawn, then into the task cell); a box is 8 bytes.
+                    let fut = Box::pin(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
+                    tracker.spawn(fut);
                 }
                 // After our GOAWAY: no more requests; the open ones finish.
                 Ok(None) if draining => accepting = false,
@@ -541,20 +546,29 @@ async fn request(
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
     let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
-    let service = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t);
-    // Interim responses go out while the service runs.
-    let resp = tokio::select! {
-        r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
-            Ok(Ok(r)) => r,
-            Ok(Err(never)) => match never {},
-            Err(why) => {
-                tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
-                return;
-            }
-        },
-        _ = qconn.closed() => return,
+    // Each future is pinned once, here, and passed down by reference: the
+    // wrappers below pin what they get, so a future passed by value would
+    // take two slots in this task's state (27 KiB before, copied into the
+    // task's box on every request).
+    // In a block: the app's futures end before the response is written,
+    // so their bytes and `respond`'s share one place in the task's state.
+    let resp = {
+        let handle = pin!(super::dispatch::handle(req, Arc::clone(&ctx)));
+        let service = pin!(deadline::watched(handle, &ctx, &t));
+        // Interim responses go out while the service runs.
+        tokio::select! {
+            r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
+                Ok(Ok(r)) => r,
+                Ok(Err(never)) => match never {},
+                Err(why) => {
+                    tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
+                    return;
+                }
+            },
+            _ = qconn.closed() => return,
+        }
     };
-    let written = body::respond(&mut send, resp, send_timeout, &malformed);
+    let written = pin!(body::respond(&mut send, resp, send_timeout, &malformed));
     if let Err(e) = deadline::watched(written, &ctx, &t).await {
         tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
     }
