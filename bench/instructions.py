@@ -9,7 +9,9 @@ well under 1 %, whatever else the machine does. Each server runs under
 callgrind with instrumentation off; a warm-up runs; instrumentation is
 switched on for exactly N requests (or WebSocket messages) sent by
 ``bench/loadgen`` (HTTP/2 workloads: ``h2load -n N -c16 -m10``, h2c prior
-knowledge), then the counts are dumped and summed per thread.
+knowledge; HTTP/3 workloads: ``bench/h3load -n N -c16 -m10`` over TLS with the
+server's HTTP/3 options from ``bench/quic.py``), then the counts are dumped and
+summed per thread.
 User-space instructions only (the kernel's share is the same for every
 server; see bench/NOTES.md). Writes ``bench/results/instructions-<stamp>.json``.
 
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import quic  # noqa: E402
 from bench.run import (  # noqa: E402
     BENCH,
     H2,
@@ -82,11 +85,16 @@ def measure(server: str, workload: str, count: int, venv: Path, tmp: str) -> dic
     if server == "hyper":
         if workload == "ws_echo" or WORKLOADS[workload].hyper_path is None:
             return {"server": server, "workload": workload, "error": "not applicable"}
-    h2 = workload != "ws_echo" and WORKLOADS[workload].proto == "h2"
+    proto = "ws" if workload == "ws_echo" else WORKLOADS[workload].proto
+    h2, h3 = proto == "h2", proto == "h3"
     if h2 and server not in H2:
         return {"server": server, "workload": workload, "error": "no h2c prior knowledge"}
+    if h3 and server not in quic.H3:
+        return {"server": server, "workload": workload, "error": "no HTTP/3"}
     tmpl = SERVERS[server] + (H2[server] if h2 else "")
     cmd = tmpl.format(bin=venv / "bin", py=venv / "bin" / "python", app=app, port=port, root=ROOT).split()
+    if h3:
+        cmd += quic.h3_extra(server, port).split()
     prefix = os.path.join(tmp, f"cg-{server}-{workload}")
     vg = [
         "valgrind",
@@ -96,7 +104,7 @@ def measure(server: str, workload: str, count: int, venv: Path, tmp: str) -> dic
         "--separate-threads=yes",
         "--instr-atstart=no",
     ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(quic.H3_ENV.get(server, {}) if h3 else {}))
     log = open(os.path.join(tmp, f"{server}-{workload}.log"), "wb")
     proc = subprocess.Popen(vg + cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     try:
@@ -112,6 +120,9 @@ def measure(server: str, workload: str, count: int, venv: Path, tmp: str) -> dic
             load = ["h2load", "-c16", "-m10", *body, f"http://127.0.0.1:{port}{path}"]
             extra = []
             subprocess.run(load[:1] + ["-n2000"] + load[1:], check=True, capture_output=True, timeout=300)
+        elif h3:
+            load = quic.h3load_args(port, WORKLOADS[workload], 16, 10)
+            subprocess.run(load + ["-n", "2000"], check=True, capture_output=True, timeout=300)
         else:
             w = WORKLOADS[workload]
             path = w.hyper_path if server == "hyper" else w.path
@@ -128,6 +139,9 @@ def measure(server: str, workload: str, count: int, venv: Path, tmp: str) -> dic
             )
             m = re.search(r"(\d+) succeeded", out.stdout)
             n = int(m.group(1)) if m else 0
+        elif h3:
+            out = subprocess.run(load + ["-n", str(count)], check=True, capture_output=True, text=True, timeout=600)
+            n = json.loads(out.stdout.strip().splitlines()[-1])["requests"]
         else:
             subprocess.run(load + [str(count), *extra], check=True, capture_output=True, timeout=600)
             n = count

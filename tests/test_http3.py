@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import ssl
@@ -348,6 +349,45 @@ def test_boot_error_without_tls():
     with gunicorn("apps.probe:app", env={"SKIRR_HTTP3": "1"}, ready=False) as g:
         assert g.wait(30) != 0
         assert "http3 needs TLS (QUIC is always encrypted): set certfile and keyfile" in g.logs()
+
+
+def test_boot_error_on_a_unix_socket(pki, tmp_path):
+    """HTTP/3 is served beside a TCP listener: a Unix socket alone is a
+    one-line boot error, with or without http3_port, not a server that
+    silently has no UDP socket."""
+    uds = str(tmp_path / "s.sock")
+    for extra in ([], ["--http3-port", "8443"]):
+        p = subprocess.run(
+            [PY, "-m", "skirr", "apps.probe:app", "--uds", uds, "--http3", *extra]
+            + ["--ssl-certfile", pki["cert"], "--ssl-keyfile", pki["key"]],
+            cwd=str(ROOT),
+            env=_env(None),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert p.returncode == 1
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert lines == [
+            "skirr: error: http3 needs a TCP listener (HTTP/3 is served on UDP beside it): a Unix socket has none"
+        ], p.stderr
+        assert not os.path.exists(uds)
+    # Under Gunicorn (-b unix:PATH only): the worker's boot error (3) stops the master.
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text("skirr_http3 = True\n")
+    args = ["-c", str(conf), "--certfile", pki["cert"], "--keyfile", pki["key"]]
+    with gunicorn("apps.probe:app", *args, uds=uds, ready=False) as g:
+        assert g.wait(30) == 3
+        assert "skirr_http3 needs a TCP bind (HTTP/3 is served on UDP beside it)" in g.logs()
+
+
+def test_startup_logs_the_udp_address(pki):
+    with h3_skirr(pki) as s:
+        wait_until(lambda: f"HTTP/3 served on UDP 127.0.0.1:{s.port}" in s.logs(), what="HTTP/3 log line")
+        assert s.logs().count("HTTP/3 served on UDP") == 1
+    with h3_skirr(pki, "apps.probe:app", "--http3-port", "0") as s:
+        wait_until(lambda: "listening at" in s.logs(), what="startup")
+        assert f"HTTP/3 served on UDP 127.0.0.1:{s.port}" in s.logs()
 
 
 def test_gunicorn_two_workers_both_answer_over_h3(pki, tmp_path):

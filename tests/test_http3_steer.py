@@ -254,3 +254,82 @@ def test_nat_rebinding_keeps_the_connection_on_its_worker(pki, tmp_path):
         answered = run(go(), 120)
         assert len(answered) == 10
         assert all(a == b for a, b in answered), answered
+
+
+class StreamLoad:
+    """A user trial's pattern: ``fresh`` clients opening a new connection
+    for each request and ``reusing`` clients keeping one until GOAWAY, all
+    GETting a slow streamed response, and ``quick`` ones opening a new
+    connection for each GET /pid (so the old workers drain for a while
+    after a HUP). A refused handshake is a failed request here, as for a
+    browser or niquests (aioquic raises ConnectionError for it)."""
+
+    PATH = "/stream?n=5&delay=0.1"
+    EXPECT = b"".join(f"chunk{i}\n".encode() for i in range(5))
+
+    def __init__(self, port: int, ca: str, fresh: int = 8, reusing: int = 3, quick: int = 3) -> None:
+        self.port, self.ca, self.fresh, self.reusing, self.quick = port, ca, fresh, reusing, quick
+        self.stop = asyncio.Event()
+        self.ok = 0
+        self.failures: list[tuple[float, str]] = []
+
+    async def _one(self, c, quick: bool) -> bool:
+        """One request; False once the connection should be left."""
+        r = await c.request("GET", "/pid" if quick else self.PATH)
+        if r.reset == REQUEST_REJECTED:
+            return False  # not processed: retried on a new connection
+        if r.status == 200 and (quick or r.body == self.EXPECT):
+            self.ok += 1
+        else:
+            self.failures.append((time.monotonic(), f"status {r.status} reset {r.reset}"))
+        return not c.goaway
+
+    async def _client(self, per_conn: int, quick: bool = False) -> None:
+        while not self.stop.is_set():
+            try:
+                async with h3_connect(self.port, self.ca) as c:
+                    for _ in range(per_conn):
+                        if self.stop.is_set() or not await self._one(c, quick):
+                            break
+            except (ConnectionError, TimeoutError) as e:
+                self.failures.append((time.monotonic(), repr(e)))
+
+    async def run_until(self, done, limit: float) -> None:
+        tasks = [asyncio.create_task(self._client(1)) for _ in range(self.fresh)]
+        tasks += [asyncio.create_task(self._client(10**6)) for _ in range(self.reusing)]
+        # New connections at a higher rate (a quick answer each).
+        tasks += [asyncio.create_task(self._client(1, quick=True)) for _ in range(self.quick)]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < limit and not await asyncio.to_thread(done):
+            await asyncio.sleep(0.05)
+        self.stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+def test_hup_with_slow_requests_refuses_no_new_connection(pki, tmp_path):
+    """On HUP both old workers drain at once, before the new ones serve: a
+    new connection's Initials must wait for a new worker (dropped, then
+    retransmitted), not be refused (CONNECTION_REFUSED fails the request).
+    Five HUPs in a row, each once the workers before it are gone."""
+    with _h3_gunicorn(pki, tmp_path, 2) as g:
+        old = _all_serving(g, pki, 2)
+        load = StreamLoad(g.port, pki["ca"], quick=6)
+        state = {"t": 0.0, "hups": [], "old": old}
+
+        def done() -> bool:
+            gone = not (state["old"] & set(worker_pids(g.proc.pid)))
+            if load.ok >= 30 * (len(state["hups"]) + 1) and (not state["hups"] or gone):
+                if len(state["hups"]) == 5:
+                    return time.monotonic() - state["t"] > 1
+                state["old"] = set(worker_pids(g.proc.pid))
+                g.send_signal(signal.SIGHUP)
+                state["t"] = time.monotonic()
+                state["hups"].append(state["t"])
+            return False
+
+        run(load.run_until(done, 60), 120)
+        assert len(state["hups"]) == 5
+        late = [(round(t - state["hups"][0], 2), why) for t, why in load.failures]
+        assert late == [], late[:5]
+        assert not (old & set(worker_pids(g.proc.pid))), "old workers still running"
+        print(f"5 HUPs with slow requests: {load.ok} requests, 0 failed")

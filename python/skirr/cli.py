@@ -201,6 +201,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sock, kind, name = open_listener(args)
     except OSError as e:
         return _fail(e.strerror or str(e))
+    if values.get("http3") and kind != "tcp":
+        # HTTP/3 is served on UDP beside a TCP listener, which a Unix socket is not.
+        sock.close()
+        if args.uds:
+            os.unlink(args.uds)
+        return _fail("http3 needs a TCP listener (HTTP/3 is served on UDP beside it): a Unix socket has none")
+    h3_at = None
+    if values.get("http3"):
+        host, port = sock.getsockname()[:2]
+        h3_at = f"[{host}]" if sock.family == socket.AF_INET6 else host
+        h3_at += f":{values.get('http3_port') or port}"
     if values.get("ssl_certfile") and name.startswith("http://"):
         name = "https://" + name[len("http://") :]
     rust = config.rust_config(values, access_log=access_log is not None, sigint_graceful=True)
@@ -211,9 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Only once the Rust core has accepted the settings (TLS files
         # included) and lifespan startup has succeeded: a server whose
         # startup fails never listened as far as a reader can tell.
-        server.set_ready_hook(
-            lambda: error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
-        )
+        def ready() -> None:
+            error_log.info("Skirr %s listening at %s (pid %d)", __version__, name, os.getpid())
+            if h3_at:
+                error_log.info("HTTP/3 served on UDP %s", h3_at)
+
+        server.set_ready_hook(ready)
 
     try:
         serve(

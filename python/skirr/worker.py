@@ -373,6 +373,13 @@ class RustWorker(Worker):
             if self._metrics_error:
                 raise config.ConfigError(self._metrics_error)
             config.check_tls_files(values, config.GUNICORN_NAMES)
+            if values.get("http3") and not any(
+                getattr(s, "sock", s).family in (socket.AF_INET, socket.AF_INET6) for s in self.sockets
+            ):
+                # HTTP/3 is served on UDP beside each TCP bind; Unix sockets have none.
+                raise config.ConfigError(
+                    "skirr_http3 needs a TCP bind (HTTP/3 is served on UDP beside it): every bind is a Unix socket"
+                )
         except config.ConfigError as e:
             self.log.error("skirr: %s", e)
             sys.exit(WORKER_BOOT_ERROR)

@@ -56,8 +56,9 @@ pub(crate) struct Slots {
 
 /// The program for `slots` (at most 2 × 255 + 25 instructions, well under
 /// the kernel's 4096). New connections go to the active slots; with none
-/// active, to the held ones (a draining worker refuses them at once);
-/// with none held, to the kernel's hash.
+/// active, to the held ones (a draining worker drops them for a while,
+/// see `steer::hold_new`, so that the client's retransmission reaches a
+/// successor once one serves); with none held, to the kernel's hash.
 pub(crate) fn program(slots: &Slots) -> Vec<Insn> {
     let mut p = vec![
         op(LD_W_LEN, 0, 0, 0),

@@ -57,6 +57,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
@@ -248,14 +249,21 @@ pub(crate) async fn serve(
     }
     alt.set(false);
     steer::serving(false);
-    // Open connections drain (the server orders them). New ones the
-    // kernel still sends to this socket are refused at once
-    // (CONNECTION_REFUSED), so that their clients try again or fall back
-    // to TCP instead of waiting out a handshake timeout; this task ends
-    // with the runtime.
+    // Open connections drain (the server orders them). A new one the
+    // kernel still sends to this socket is dropped while a successor may
+    // take it (under a master: its client's retransmitted Initial reaches
+    // the worker that serves by then, see `steer::hold_new`), else refused
+    // at once (CONNECTION_REFUSED), so that its client tries again or falls
+    // back to TCP instead of waiting out a handshake timeout; this task
+    // ends with the runtime.
+    let since = std::time::Instant::now();
     tokio::spawn(async move {
         while let Some(incoming) = endpoint.accept().await {
-            incoming.refuse();
+            if steer::hold_new(since.elapsed()) {
+                incoming.ignore();
+            } else {
+                incoming.refuse();
+            }
         }
     });
 }
@@ -440,7 +448,11 @@ async fn drive(
                     }
                     last = Some(id);
                     let guard = StreamGuard::new(&streams);
-                    tracker.spawn(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
+                    // Boxed: the request future is large (the app call,
+                    // body and response states), and spawn moves it twice
+                    // (into spawn, then into the task cell); a box is 8 bytes.
+                    let fut = Box::pin(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
+                    tracker.spawn(fut);
                 }
                 // After our GOAWAY: no more requests; the open ones finish.
                 Ok(None) if draining => accepting = false,
@@ -540,28 +552,44 @@ async fn request(
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
     let send_timeout = (t.send > 0).then(|| Duration::from_millis(t.send));
-    let service = deadline::watched(super::dispatch::handle(req, Arc::clone(&ctx)), &ctx, &t);
-    // Interim responses go out while the service runs.
-    let resp = tokio::select! {
-        r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
-            Ok(Ok(r)) => r,
-            Ok(Err(never)) => match never {},
-            Err(why) => {
-                tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
-                return;
-            }
-        },
-        _ = qconn.closed() => return,
-        // The service is dropped: the app sees `http.disconnect`.
-        _ = client_reset.cancelled() => return cancelled(&mut send, &ctx),
+    // Each future is pinned once, here, and passed down by reference: the
+    // wrappers below pin what they get, so a future passed by value would
+    // take two slots in this task's state (27 KiB before, copied into the
+    // task's box on every request).
+    // In a block: the app's futures end before the response is written,
+    // so their bytes and `respond`'s share one place in the task's state.
+    let resp = {
+        let handle = pin!(super::dispatch::handle(req, Arc::clone(&ctx)));
+        let service = pin!(deadline::watched(handle, &ctx, &t));
+        // Interim responses go out while the service runs.
+        tokio::select! {
+            r = interim::serve(service, &ctx.interim, &mut send, send_timeout) => match r {
+                Ok(Ok(r)) => r,
+                Ok(Err(never)) => match never {},
+                Err(why) => {
+                    tracing::debug!("HTTP/3 response to {:?} not completed: {why}", ctx.info.peer);
+                    return;
+                }
+            },
+            _ = qconn.closed() => return,
+            // The service is dropped: the app sees `http.disconnect`.
+            _ = client_reset.cancelled() => return cancelled(&mut send, &ctx),
+        }
     };
-    let written = body::respond(&mut send, resp, send_timeout, &malformed);
-    tokio::select! {
-        r = deadline::watched(written, &ctx, &t) => if let Err(e) = r {
+    let written = {
+        let written = pin!(body::respond(&mut send, resp, send_timeout, &malformed));
+        tokio::select! {
+            r = deadline::watched(written, &ctx, &t) => Some(r),
+            // Mid-response, with the body still read: the response goes too.
+            _ = client_reset.cancelled() => None,
+        }
+    };
+    match written {
+        Some(Ok(())) => {}
+        Some(Err(e)) => {
             tracing::debug!("HTTP/3 response to {:?} not completed: {e}", ctx.info.peer);
-        },
-        // Mid-response, with the body still read: the response goes too.
-        _ = client_reset.cancelled() => cancelled(&mut send, &ctx),
+        }
+        None => cancelled(&mut send, &ctx),
     }
 }
 

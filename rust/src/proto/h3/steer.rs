@@ -215,6 +215,32 @@ pub(crate) fn serving(on: bool) {
     }
 }
 
+/// How long a draining worker under a master drops, rather than refuses,
+/// the new connections that still reach it while no worker takes new
+/// ones: on HUP every old worker drains at once, before the new ones
+/// serve (they load the app first), and the program hashes new
+/// connections onto the draining slots meanwhile. A dropped Initial costs
+/// its client one retransmission (the next one is hashed onto a new
+/// worker once one serves); a refused one costs the request. The worker
+/// cannot tell a HUP or a recycle from the master's own shutdown (each is
+/// a SIGTERM), so after this long with no successor it refuses again.
+pub(crate) const HOLD_NEW: Duration = Duration::from_secs(10);
+
+/// Whether a new connection reaching this worker, draining for
+/// `draining_for`, is dropped (`true`) rather than refused: under a master,
+/// while another worker takes new connections (the program is moving to
+/// it) or for [`HOLD_NEW`]; never standalone, where no successor comes.
+pub(crate) fn hold_new(draining_for: Duration) -> bool {
+    let Some(Some(s)) = STEERING.get() else {
+        return false;
+    };
+    if draining_for < HOLD_NEW {
+        return true;
+    }
+    let active = s.active.lock();
+    !current(s, *active).active.is_empty()
+}
+
 /// The slots as the locks show them (`active`: this worker's own state,
 /// which its own locks do not show to it).
 fn current(s: &Steering, active: bool) -> Slots {
