@@ -33,7 +33,7 @@ class _Formatter(argparse.HelpFormatter):
     """argparse's formatter, told the terminal width so that it does not
     import `shutil` for it: each `add_argument` builds a formatter, and
     `shutil` (with `bz2` and `lzma`) stayed in every server's memory for
-    nothing (~0.6 MiB; bench/NOTES.md, entry 56)."""
+    nothing (~0.6 MiB; bench/NOTES.md, entry 62)."""
 
     def __init__(self, prog: str, **kw: Any) -> None:
         if kw.get("width") is None:

@@ -679,7 +679,7 @@ def misspelt_env(environ: Mapping[str, str] | None = None) -> list[str]:
             continue
         if name.startswith("SKIRR_") and name not in known:
             # Imported here, for a SKIRR_ name no option has: every
-            # worker would otherwise carry difflib (~0.16 MiB; bench/NOTES.md, entry 56).
+            # worker would otherwise carry difflib (~0.16 MiB; bench/NOTES.md, entry 62).
             import difflib
 
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)

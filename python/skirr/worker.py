@@ -251,7 +251,7 @@ def _preload_uvloop() -> None:
     """Imports uvloop in the master, before the fork, when the workers
     will run it: its code and module objects are then shared by every
     worker (copy-on-write) instead of loaded by each after the fork
-    (~1.5 MiB a worker; bench/NOTES.md, entry 57). Missing: the worker
+    (~1.5 MiB a worker; bench/NOTES.md, entry 63). Missing: the worker
     falls back (``auto``) or fails (``uvloop``) as before."""
     try:
         import uvloop  # noqa: F401

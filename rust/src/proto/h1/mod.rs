@@ -187,7 +187,7 @@ where
             // `parts` (an empty read buffer still owns hyper's 8 KiB
             // allocation) are freed here, not at the end of the loop body,
             // after the parked wait below (they held ~3.7 KiB per parked
-            // connection; bench/NOTES.md, entries 59 and 60).
+            // connection; bench/NOTES.md, entries 65 and 66).
             let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), svc));
             stopped = Box::pin(drive(&mut conn, ctx, member)).await;
             let parts = conn.into_parts();
