@@ -256,30 +256,7 @@ impl<B: Buf> quic::BidiStream<B> for Bidi<B> {
     }
 }
 
-impl<B: Buf> quic::SendStream<B> for Bidi<B> {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.send.poll_ready(cx)
-    }
-
-    fn send_data<T: Into<quic::WriteBuf<B>>>(
-        &mut self,
-        data: T,
-    ) -> Result<(), StreamErrorIncoming> {
-        self.send.send_data(data)
-    }
-
-    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.send.poll_finish(cx)
-    }
-
-    fn reset(&mut self, reset_code: u64) {
-        self.send.reset(reset_code)
-    }
-
-    fn send_id(&self) -> StreamId {
-        self.send.send_id()
-    }
-}
+super::streams::forward_send_stream!(Bidi, send);
 
 impl<B: Buf> quic::RecvStream for Bidi<B> {
     type Buf = Bytes;

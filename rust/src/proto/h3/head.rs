@@ -338,30 +338,7 @@ impl<B: Buf> quic::RecvStream for GuardedBidi<B> {
     }
 }
 
-impl<B: Buf> quic::SendStream<B> for GuardedBidi<B> {
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn send_data<T: Into<quic::WriteBuf<B>>>(
-        &mut self,
-        data: T,
-    ) -> Result<(), StreamErrorIncoming> {
-        self.inner.send_data(data)
-    }
-
-    fn poll_finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        self.inner.poll_finish(cx)
-    }
-
-    fn reset(&mut self, reset_code: u64) {
-        self.inner.reset(reset_code)
-    }
-
-    fn send_id(&self) -> StreamId {
-        self.inner.send_id()
-    }
-}
+super::streams::forward_send_stream!(GuardedBidi, inner);
 
 impl<B: Buf> quic::BidiStream<B> for GuardedBidi<B> {
     type SendStream = super::streams::Send<B>;

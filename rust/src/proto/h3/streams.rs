@@ -103,6 +103,45 @@ impl<B: Buf> Send<B> {
     }
 }
 
+/// Implements `quic::SendStream<B>` for `$t<B>`, a wrapper of a
+/// bidirectional stream, by forwarding every call to its field `$field`
+/// (the wrappers watch only what is received).
+macro_rules! forward_send_stream {
+    ($t:ident, $field:ident) => {
+        impl<B: ::bytes::Buf> ::h3::quic::SendStream<B> for $t<B> {
+            fn poll_ready(
+                &mut self,
+                cx: &mut ::std::task::Context<'_>,
+            ) -> ::std::task::Poll<Result<(), ::h3::quic::StreamErrorIncoming>> {
+                self.$field.poll_ready(cx)
+            }
+
+            fn send_data<T: Into<::h3::quic::WriteBuf<B>>>(
+                &mut self,
+                data: T,
+            ) -> Result<(), ::h3::quic::StreamErrorIncoming> {
+                self.$field.send_data(data)
+            }
+
+            fn poll_finish(
+                &mut self,
+                cx: &mut ::std::task::Context<'_>,
+            ) -> ::std::task::Poll<Result<(), ::h3::quic::StreamErrorIncoming>> {
+                self.$field.poll_finish(cx)
+            }
+
+            fn reset(&mut self, reset_code: u64) {
+                self.$field.reset(reset_code)
+            }
+
+            fn send_id(&self) -> ::h3::quic::StreamId {
+                self.$field.send_id()
+            }
+        }
+    };
+}
+pub(crate) use forward_send_stream;
+
 fn write_error(e: quinn::WriteError) -> StreamErrorIncoming {
     match e {
         quinn::WriteError::Stopped(c) => StreamErrorIncoming::StreamTerminated {
