@@ -25,7 +25,6 @@ from harness import gunicorn, skirr, tls_answers, wait_until
 browser = pytest.importorskip("browser", reason="websockets is needed to drive Chromium")
 if not browser.CHROMIUM:
     pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-trustme = pytest.importorskip("trustme")
 x509 = pytest.importorskip("cryptography.x509")
 serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
 
@@ -41,16 +40,13 @@ ENTRIES = """Promise.resolve(window.fetched).then(() => [
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    cert = trustme.CA().issue_cert("localhost", "127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    for blob in cert.cert_chain_pems[1:]:
-        blob.write_to_path(str(d / "cert.pem"), append=True)
-    cert.private_key_pem.write_to_path(str(d / "key.pem"))
-    leaf = x509.load_pem_x509_certificate(cert.cert_chain_pems[0].bytes())
+def pki(pki):
+    """conftest's certificate and key files, and the base64 SHA-256 of the
+    leaf's SubjectPublicKeyInfo (Chromium's pin)."""
+    with open(pki["cert"], "rb") as f:
+        leaf = x509.load_pem_x509_certificate(f.read())
     spki = leaf.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return str(d / "cert.pem"), str(d / "key.pem"), base64.b64encode(hashlib.sha256(spki).digest()).decode()
+    return pki["cert"], pki["key"], base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
 @pytest.fixture(scope="module", params=["standalone", "gunicorn"])

@@ -18,7 +18,6 @@ from harness import gunicorn, skirr, tls_answers, wait_until
 GTLSCLIENT = shutil.which("gtlsclient")
 if not GTLSCLIENT:
     pytest.skip("gtlsclient is not installed (apt-get install ngtcp2-client)", allow_module_level=True)
-trustme = pytest.importorskip("trustme")
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -27,20 +26,9 @@ STREAM = re.compile(r"^http: stream (0x[0-9a-f]+) (.*)$")
 DUMP = re.compile(r"^[0-9a-f]{8}  ((?:[0-9a-f]{2} {1,2})+)")
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    cert = trustme.CA().issue_cert("localhost", "127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    for blob in cert.cert_chain_pems[1:]:
-        blob.write_to_path(str(d / "cert.pem"), append=True)
-    cert.private_key_pem.write_to_path(str(d / "key.pem"))
-    return str(d / "cert.pem"), str(d / "key.pem")
-
-
 @pytest.fixture(scope="module", params=["standalone", "gunicorn"])
 def server(request, pki):
-    cert, key = pki
+    cert, key = pki["cert"], pki["key"]
     if request.param == "standalone":
         ctx = skirr(APP, "--ssl-certfile", cert, "--ssl-keyfile", key, "--http3", ready=False)
     else:
@@ -114,7 +102,7 @@ def test_post_bodies(server, tmp_path):
 
 
 def test_early_hints_reach_nghttp3_before_the_response(pki):
-    cert, key = pki
+    cert, key = pki["cert"], pki["key"]
     with skirr("apps.early_hints_app:app", "--ssl-certfile", cert, "--ssl-keyfile", key, "--http3", ready=False) as s:
         wait_until(lambda: tls_answers(s), what="the TLS server")
         r = gtls(s.port, "/hint")["/hint"]
