@@ -4,6 +4,7 @@ extension, client certificates, ciphers and versions, clear boot errors."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import socket
@@ -113,6 +114,43 @@ def test_optional_client_certificate(pki):
         wait_until(lambda: _tls_ready(g.port, pki["ca"]), what="TLS server")
         _, body, _ = tls_get(g.port, pki["ca"])
         assert json.loads(body)["extensions"]["tls"]["client_cert_chain"] == []
+
+
+def test_a_request_changing_its_tls_extension_leaves_the_next_ones_alone(pki):
+    """The `tls` dict and its `client_cert_chain` list are each request's
+    own, on one keep-alive connection (Skirr builds them once per
+    connection and copies them)."""
+    args = ["--certfile", pki["cert"], "--keyfile", pki["key"], "--ca-certs", pki["ca"], "--cert-reqs", "1"]
+    with gunicorn("apps.probe:app", *args, ready=False) as g:
+        wait_until(lambda: _tls_ready(g.port, pki["ca"]), what="TLS server")
+        ctx = ssl.create_default_context(cafile=pki["ca"])
+        ctx.load_cert_chain(pki["client_cert"], pki["client_key"])
+        conn = http.client.HTTPSConnection("127.0.0.1", g.port, context=ctx, timeout=10)
+        conn.connect()
+        sock = conn.sock
+        try:
+            seen = []
+            for path in ("/scope", "/scope-mutate-tls", "/scope"):
+                conn.request("GET", path, headers={"Host": "localhost"})
+                resp = conn.getresponse()
+                assert resp.status == 200
+                seen.append(json.loads(resp.read())["extensions"]["tls"])
+                assert conn.sock is sock  # one connection throughout
+        finally:
+            conn.close()
+        first, changed, after = seen
+        assert len(first["client_cert_chain"]) >= 1
+        assert changed["client_cert_chain"] == first["client_cert_chain"] + ["changed"]
+        assert changed["tls_version"] == 0 and changed["added"] is True
+        assert after == first
+        assert list(after) == [
+            "server_cert",
+            "client_cert_chain",
+            "client_cert_name",
+            "client_cert_error",
+            "tls_version",
+            "cipher_suite",
+        ]
 
 
 def test_ssl_version_and_ciphers(pki):

@@ -133,6 +133,13 @@ async def app(scope, receive, send):
         return await respond_json(send, PATHS)
     if path == "/" or path == "/healthz":
         return await respond(send, body=b"ok")
+    if path == "/scope-mutate-tls":
+        # Changes its own request's `tls` extension; the next request on
+        # the connection must not see it.
+        tls = scope["extensions"]["tls"]
+        tls["client_cert_chain"].append("changed")
+        tls["tls_version"] = 0
+        tls["added"] = True
     if path.startswith("/scope"):
         s = {k: v for k, v in scope.items() if k != "state"}
         s["state_keys"] = sorted(scope.get("state", {}))

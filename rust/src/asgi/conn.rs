@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
 
 use crate::asgi::context::AppContext;
 
@@ -92,6 +93,9 @@ pub(crate) struct ConnInfo {
     pub(crate) py_client: OnceLock<Py<PyAny>>,
     /// The TLS session's facts, for the scope's `tls` extension.
     pub(crate) tls: Option<Box<TlsInfo>>,
+    /// The `tls` extension's dict and its `client_cert_chain` list, built
+    /// once on the asyncio thread; each request gets copies of both.
+    pub(crate) py_tls: OnceLock<(Py<PyDict>, Py<PyList>)>,
 }
 
 impl ConnInfo {
@@ -107,6 +111,7 @@ impl ConnInfo {
             peer,
             py_client: OnceLock::new(),
             tls,
+            py_tls: OnceLock::new(),
         }
     }
 

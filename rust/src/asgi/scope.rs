@@ -11,7 +11,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-use crate::asgi::conn::{ConnInfo, LocalAddr};
+use crate::asgi::conn::{ConnInfo, LocalAddr, TlsInfo};
 use crate::asgi::context::AppContext;
 use crate::bridge::names::{names, Names};
 use crate::wire::proxy::Origin;
@@ -185,6 +185,56 @@ fn fill_common(
     Ok(())
 }
 
+/// The connection's `tls` extension dict, built on its first request:
+/// every value is immutable but `client_cert_chain`, which each request
+/// gets its own copy of (see [`tls_dict`]).
+fn tls_template<'py>(
+    py: Python<'py>,
+    ctx: &AppContext,
+    conn: &ConnInfo,
+    t: &TlsInfo,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyList>)> {
+    if let Some((d, chain)) = conn.py_tls.get() {
+        return Ok((d.bind(py).clone(), chain.bind(py).clone()));
+    }
+    let n = names(py);
+    let d = PyDict::new(py);
+    let chain = PyList::new(py, &t.client_cert_chain)?;
+    d.set_item(&n.server_cert, ctx.shared.tls_server_cert.as_deref())?;
+    d.set_item(&n.client_cert_chain, &chain)?;
+    d.set_item(&n.client_cert_name, t.client_cert_name.as_deref())?;
+    d.set_item(&n.client_cert_error, py.None())?;
+    d.set_item(&n.tls_version, t.version)?;
+    d.set_item(&n.cipher_suite, t.cipher_suite)?;
+    let _ = conn
+        .py_tls
+        .set((d.clone().unbind(), chain.clone().unbind()));
+    Ok((d, chain))
+}
+
+/// A request's own `tls` dict: a copy of the connection's, with a new
+/// `client_cert_chain` list (an app that changes either changes only its
+/// own request's).
+fn tls_dict<'py>(
+    py: Python<'py>,
+    ctx: &AppContext,
+    conn: &ConnInfo,
+    t: &TlsInfo,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (template, chain) = tls_template(py, ctx, conn, t)?;
+    let d = template.copy()?;
+    // SAFETY: attached; `chain` is a live list; a new reference or NULL
+    // with an error set.
+    let own = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyList_GetSlice(chain.as_ptr(), 0, ffi::PY_SSIZE_T_MAX),
+        )?
+    };
+    put(&d, &names(py).client_cert_chain, &own)?;
+    Ok(d)
+}
+
 /// `scope["extensions"]`: `tls` (ASGI TLS extension 0.2) on TLS
 /// connections: `client_cert_name` is the client certificate's subject
 /// (RFC 4514), `client_cert_error` is always `None` (rustls refuses a
@@ -197,14 +247,7 @@ fn extensions<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let ext = template.bind(py).copy()?;
     if let Some(t) = &conn.tls {
-        let d = PyDict::new(py);
-        d.set_item("server_cert", ctx.shared.tls_server_cert.as_deref())?;
-        d.set_item("client_cert_chain", PyList::new(py, &t.client_cert_chain)?)?;
-        d.set_item("client_cert_name", t.client_cert_name.as_deref())?;
-        d.set_item("client_cert_error", py.None())?;
-        d.set_item("tls_version", t.version)?;
-        d.set_item("cipher_suite", t.cipher_suite)?;
-        ext.set_item("tls", d)?;
+        put(&ext, &names(py).tls, &tls_dict(py, ctx, conn, t)?)?;
     }
     Ok(ext)
 }

@@ -42,6 +42,14 @@ names! {
     state = "state",
     extensions = "extensions",
     subprotocols = "subprotocols",
+    // the `tls` extension's keys
+    tls = "tls",
+    server_cert = "server_cert",
+    client_cert_chain = "client_cert_chain",
+    client_cert_name = "client_cert_name",
+    client_cert_error = "client_cert_error",
+    tls_version = "tls_version",
+    cipher_suite = "cipher_suite",
     // scope values
     http = "http",
     https = "https",
