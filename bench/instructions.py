@@ -16,7 +16,7 @@ User-space instructions only (the kernel's share is the same for every
 server; see bench/NOTES.md). Writes ``bench/results/instructions-<stamp>.json``.
 
 Only single-process servers can be measured this way (the process that
-listens must be the one that serves): ``skirr`` and ``hyper`` here, and
+listens must be the one that serves): ``skirr``, ``skirr-single`` and ``hyper`` here, and
 ``uvicorn`` or ``hypercorn`` if asked.
 """
 
@@ -51,7 +51,7 @@ from bench.run import (  # noqa: E402
 )
 
 LOADGEN = ROOT / "target" / "release" / "loadgen"
-SINGLE_PROCESS = {"skirr", "hyper", "uvicorn", "hypercorn"}
+SINGLE_PROCESS = {"skirr", "skirr-single", "hyper", "uvicorn", "hypercorn"}
 
 
 def thread_totals(prefix: str) -> dict[str, int]:

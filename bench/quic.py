@@ -23,11 +23,15 @@ H3LOAD = ROOT / "target" / "release" / "h3load"
 H3 = {
     "skirr": " --ssl-certfile {cert} --ssl-keyfile {key} --http3",
     "skirr-gunicorn": " --certfile {cert} --keyfile {key}",  # + SKIRR_HTTP3=1 (H3_ENV)
+    # `loop_mode single` (issue 22): quinn's endpoint and connections run in
+    # the Tokio turns asyncio's selector makes, on the one thread.
+    "skirr-single": " --ssl-certfile {cert} --ssl-keyfile {key} --http3",
+    "skirr-gunicorn-single": " --certfile {cert} --keyfile {key}",  # + SKIRR_HTTP3=1 (H3_ENV)
     "peregrine": " --tls-cert {cert} --tls-key {key} --http3",
     "weft": " --tls-cert {cert} --tls-key {key} --http3",
     "hypercorn": " --certfile {cert} --keyfile {key} --quic-bind 127.0.0.1:{port}",  # aioquic
 }
-H3_ENV = {"skirr-gunicorn": {"SKIRR_HTTP3": "1"}}
+H3_ENV = {"skirr-gunicorn": {"SKIRR_HTTP3": "1"}, "skirr-gunicorn-single": {"SKIRR_HTTP3": "1"}}
 NO_H3 = {
     "granian": "no HTTP/3 in granian (it waits on hyper)",
     "uvicorn": "no HTTP/3 in uvicorn 0.54",

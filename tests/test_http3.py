@@ -536,6 +536,28 @@ def test_header_read_timeout_reject_is_clean_under_gunicorn_and_single_loop(pki,
     assert "panicked" not in s.logs(), s.logs()
 
 
+def test_single_loop_mode_serves_http3_on_one_thread(pki):
+    """`loop_mode` single: quinn's endpoint runs in the Tokio turns
+    asyncio's selector makes, on the process's one thread; requests at once
+    on one connection, a response streamed across timer waits."""
+    with h3_skirr(pki, "apps.loop_mode_app:app", "--loop-mode", "single", "--loop", "asyncio") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                info = await c.request("GET", "/info")
+                many = await asyncio.gather(*(c.request("GET", f"/?n={i}") for i in range(20)))
+                stream = await c.request("GET", "/stream?3")
+                return info, many, stream
+
+        info, many, stream = run(go())
+    facts = json.loads(info.body)
+    assert (facts["thread"], facts["os_threads"], facts["selector"]) == ("MainThread", 1, "TokioSelector")
+    assert [(r.status, r.body) for r in many] == [(200, b"ok")] * 20
+    assert stream.status == 200 and stream.body == b"chunk 0\nchunk 1\nchunk 2\n"
+    assert "panicked" not in s.logs(), s.logs()
+
+
 def test_an_incomplete_head_gets_drain_grace_during_a_drain(pki):
     """Draining, a stream whose HEADERS never complete is reset after
     `drain_grace` (not `header_read_timeout`), so the worker exits soon."""
