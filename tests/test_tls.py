@@ -116,41 +116,49 @@ def test_optional_client_certificate(pki):
         assert json.loads(body)["extensions"]["tls"]["client_cert_chain"] == []
 
 
+def _tls_extensions(port: int, ca: str, paths: list[str], cert=None) -> list[dict]:
+    """The `tls` extension of each request in `paths`, all on one
+    keep-alive connection."""
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert:
+        ctx.load_cert_chain(*cert)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    conn.connect()
+    sock = conn.sock
+    seen = []
+    try:
+        for path in paths:
+            conn.request("GET", path, headers={"Host": "localhost"})
+            resp = conn.getresponse()
+            assert resp.status == 200
+            seen.append(json.loads(resp.read())["extensions"]["tls"])
+            assert conn.sock is sock  # one connection throughout
+    finally:
+        conn.close()
+    return seen
+
+
 def test_a_request_changing_its_tls_extension_leaves_the_next_ones_alone(pki):
     """The `tls` dict and its `client_cert_chain` list are each request's
-    own, on one keep-alive connection (Skirr builds them once per
-    connection and copies them)."""
+    own: on one keep-alive connection, with and without a client
+    certificate, and on the next connection (Skirr builds them once per
+    connection, or once for all connections without a certificate, and
+    copies them)."""
+    keys = ["server_cert", "client_cert_chain", "client_cert_name", "client_cert_error", "tls_version", "cipher_suite"]
     args = ["--certfile", pki["cert"], "--keyfile", pki["key"], "--ca-certs", pki["ca"], "--cert-reqs", "1"]
     with gunicorn("apps.probe:app", *args, ready=False) as g:
         wait_until(lambda: _tls_ready(g.port, pki["ca"]), what="TLS server")
-        ctx = ssl.create_default_context(cafile=pki["ca"])
-        ctx.load_cert_chain(pki["client_cert"], pki["client_key"])
-        conn = http.client.HTTPSConnection("127.0.0.1", g.port, context=ctx, timeout=10)
-        conn.connect()
-        sock = conn.sock
-        try:
-            seen = []
-            for path in ("/scope", "/scope-mutate-tls", "/scope"):
-                conn.request("GET", path, headers={"Host": "localhost"})
-                resp = conn.getresponse()
-                assert resp.status == 200
-                seen.append(json.loads(resp.read())["extensions"]["tls"])
-                assert conn.sock is sock  # one connection throughout
-        finally:
-            conn.close()
-        first, changed, after = seen
-        assert len(first["client_cert_chain"]) >= 1
-        assert changed["client_cert_chain"] == first["client_cert_chain"] + ["changed"]
-        assert changed["tls_version"] == 0 and changed["added"] is True
-        assert after == first
-        assert list(after) == [
-            "server_cert",
-            "client_cert_chain",
-            "client_cert_name",
-            "client_cert_error",
-            "tls_version",
-            "cipher_suite",
-        ]
+        client = (pki["client_cert"], pki["client_key"])
+        paths = ["/scope", "/scope-mutate-tls", "/scope"]
+        for cert in (client, None, client, None):
+            first, changed, after = _tls_extensions(g.port, pki["ca"], paths, cert)
+            assert bool(first["client_cert_chain"]) == bool(cert)  # the client may append its CA
+            assert (first["client_cert_name"] is not None) == bool(cert)
+            assert changed["client_cert_chain"] == first["client_cert_chain"] + ["changed"]
+            assert changed["tls_version"] == 0 and changed["added"] is True
+            assert after == first
+            assert list(after) == keys
+            assert first["tls_version"] == 0x0304 and first["client_cert_error"] is None
 
 
 def test_ssl_version_and_ciphers(pki):

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyDict;
 
 use crate::asgi::context::AppContext;
 
@@ -93,9 +93,11 @@ pub(crate) struct ConnInfo {
     pub(crate) py_client: OnceLock<Py<PyAny>>,
     /// The TLS session's facts, for the scope's `tls` extension.
     pub(crate) tls: Option<Box<TlsInfo>>,
-    /// The `tls` extension's dict and its `client_cert_chain` list, built
-    /// once on the asyncio thread; each request gets copies of both.
-    pub(crate) py_tls: OnceLock<(Py<PyDict>, Py<PyList>)>,
+    /// The `tls` extension dict of a connection with a client
+    /// certificate, built on the asyncio thread at its first request; each
+    /// request gets a copy (see `scope::tls_dict`). Connections without one
+    /// share `AppContext::tls_templates` instead.
+    pub(crate) py_tls: OnceLock<Py<PyDict>>,
 }
 
 impl ConnInfo {

@@ -15,6 +15,9 @@ use crate::bridge::names::names;
 use crate::bridge::queue::{Event, Wake};
 use crate::worker::Worker;
 
+/// A shared `tls` extension dict: (TLS version, cipher suite, the dict).
+pub(crate) type TlsTemplate = (u16, Option<u16>, Py<PyDict>);
+
 /// The ASGI side's context: the [`LoopCtx`] (reached through `Deref`), the
 /// worker's state, and the prebuilt scope parts.
 pub(crate) struct AppContext {
@@ -39,6 +42,10 @@ pub(crate) struct AppContext {
     pub(crate) asgi_lifespan: Py<PyDict>,
     /// The lifespan state namespace; each request gets a shallow copy.
     pub(crate) state: Py<PyDict>,
+    /// The `tls` extension dict of connections without a client
+    /// certificate, one per (TLS version, cipher suite) seen (a few at
+    /// most); each request gets a copy (see `scope::tls_dict`).
+    pub(crate) tls_templates: Mutex<Vec<TlsTemplate>>,
     /// `root_path`, as `str` and as the prefix of `raw_path`.
     pub(crate) root_path: String,
     /// `access(scope, status, headers, size, seconds)` or `None`.
@@ -132,6 +139,7 @@ impl AppContext {
             ws_extensions: ws_extensions.unbind(),
             asgi_lifespan: asgi_lifespan.unbind(),
             state: PyDict::new(py).unbind(),
+            tls_templates: Mutex::new(Vec::new()),
             root_path,
             access_log: p.access_log,
             reopen_logs: p.reopen_logs,

@@ -185,31 +185,60 @@ fn fill_common(
     Ok(())
 }
 
-/// The connection's `tls` extension dict, built on its first request:
-/// every value is immutable but `client_cert_chain`, which each request
-/// gets its own copy of (see [`tls_dict`]).
+/// The `tls` extension dict of connections without a client certificate
+/// at `version` and `suite`: built once per pair, shared by them.
+fn shared_tls_template<'py>(
+    py: Python<'py>,
+    ctx: &AppContext,
+    version: u16,
+    suite: Option<u16>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let found = ctx
+        .tls_templates
+        .lock()
+        .iter()
+        .find(|(v, s, _)| *v == version && *s == suite)
+        .map(|(_, _, d)| d.bind(py).clone());
+    if let Some(d) = found {
+        return Ok(d);
+    }
+    let n = names(py);
+    let d = PyDict::new(py);
+    d.set_item(&n.server_cert, ctx.shared.tls_server_cert.as_deref())?;
+    d.set_item(&n.client_cert_chain, PyList::empty(py))?;
+    d.set_item(&n.client_cert_name, py.None())?;
+    d.set_item(&n.client_cert_error, py.None())?;
+    d.set_item(&n.tls_version, version)?;
+    d.set_item(&n.cipher_suite, suite)?;
+    ctx.tls_templates
+        .lock()
+        .push((version, suite, d.clone().unbind()));
+    Ok(d)
+}
+
+/// The connection's `tls` extension dict: the shared one, or (with a
+/// client certificate) the connection's own, built at its first request.
+/// Every value in it is immutable but `client_cert_chain`, which each
+/// request gets its own copy of (see [`tls_dict`]).
 fn tls_template<'py>(
     py: Python<'py>,
     ctx: &AppContext,
     conn: &ConnInfo,
     t: &TlsInfo,
-) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyList>)> {
-    if let Some((d, chain)) = conn.py_tls.get() {
-        return Ok((d.bind(py).clone(), chain.bind(py).clone()));
+) -> PyResult<Bound<'py, PyDict>> {
+    if let Some(d) = conn.py_tls.get() {
+        return Ok(d.bind(py).clone());
+    }
+    let shared = shared_tls_template(py, ctx, t.version, t.cipher_suite)?;
+    if t.client_cert_chain.is_empty() && t.client_cert_name.is_none() {
+        return Ok(shared);
     }
     let n = names(py);
-    let d = PyDict::new(py);
-    let chain = PyList::new(py, &t.client_cert_chain)?;
-    d.set_item(&n.server_cert, ctx.shared.tls_server_cert.as_deref())?;
-    d.set_item(&n.client_cert_chain, &chain)?;
+    let d = shared.copy()?;
+    d.set_item(&n.client_cert_chain, PyList::new(py, &t.client_cert_chain)?)?;
     d.set_item(&n.client_cert_name, t.client_cert_name.as_deref())?;
-    d.set_item(&n.client_cert_error, py.None())?;
-    d.set_item(&n.tls_version, t.version)?;
-    d.set_item(&n.cipher_suite, t.cipher_suite)?;
-    let _ = conn
-        .py_tls
-        .set((d.clone().unbind(), chain.clone().unbind()));
-    Ok((d, chain))
+    let _ = conn.py_tls.set(d.clone().unbind());
+    Ok(d)
 }
 
 /// A request's own `tls` dict: a copy of the connection's, with a new
@@ -221,17 +250,21 @@ fn tls_dict<'py>(
     conn: &ConnInfo,
     t: &TlsInfo,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (template, chain) = tls_template(py, ctx, conn, t)?;
+    let n = names(py);
+    let template = tls_template(py, ctx, conn, t)?;
     let d = template.copy()?;
-    // SAFETY: attached; `chain` is a live list; a new reference or NULL
-    // with an error set.
-    let own = unsafe {
-        Bound::from_owned_ptr_or_err(
-            py,
-            ffi::PyList_GetSlice(chain.as_ptr(), 0, ffi::PY_SSIZE_T_MAX),
-        )?
+    let own = if t.client_cert_chain.is_empty() {
+        PyList::empty(py)
+    } else {
+        match template.get_item(&n.client_cert_chain)? {
+            Some(chain) => {
+                let chain = chain.cast_into::<PyList>()?;
+                chain.get_slice(0, chain.len())
+            }
+            None => PyList::new(py, &t.client_cert_chain)?,
+        }
     };
-    put(&d, &names(py).client_cert_chain, &own)?;
+    put(&d, &n.client_cert_chain, &own)?;
     Ok(d)
 }
 
