@@ -3,6 +3,7 @@
 //! response written from a [`ResponseBody`] onto the sending half
 //! ([`respond`]), frame by frame as QUIC flow control allows.
 
+use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use ::h3::server::RequestStream;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::{HeaderMap, Response};
+use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio_util::sync::CancellationToken;
 
@@ -315,16 +316,44 @@ const CONNECTION_FIELDS: [&str; 5] = [
     "upgrade",
 ];
 
+thread_local! {
+    /// The `date` value of the last response on this thread and the Unix
+    /// second it names: formatted once a second, not once a response.
+    static DATE: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((u64::MAX, None)) };
+}
+
+/// The current time as a `date` field value (RFC 9110 §6.6.1).
+fn date_now() -> Option<HeaderValue> {
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        if cached.0 != secs || cached.1.is_none() {
+            let v = HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok();
+            *cached = (secs, v);
+        }
+        cached.1.clone()
+    })
+}
+
 /// The response head as HTTP/3 sends it: connection-specific fields
 /// dropped, `date` added when the app sent none (as hyper does on
 /// HTTP/1.1 and HTTP/2).
 fn h3_head(headers: &mut HeaderMap) {
-    for name in CONNECTION_FIELDS {
-        headers.remove(name);
+    // One pass over the (few) names the app sent, rather than a hashed
+    // removal of each of the five that are almost never there.
+    if headers
+        .keys()
+        .any(|k| CONNECTION_FIELDS.contains(&k.as_str()))
+    {
+        for name in CONNECTION_FIELDS {
+            headers.remove(name);
+        }
     }
     if !headers.contains_key(http::header::DATE) {
-        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
-        if let Ok(v) = http::HeaderValue::from_str(&now) {
+        if let Some(v) = date_now() {
             headers.insert(http::header::DATE, v);
         }
     }
