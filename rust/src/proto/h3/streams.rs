@@ -8,15 +8,16 @@
 //! and quinn then dropped the stream with STOP_SENDING code 0. Here the
 //! quinn stream stays in place: quinn's `read_chunk` is cancel-safe and
 //! keeps its state in the stream, so each poll makes its future afresh
-//! (on the stack, no allocation). The sending half is a copy of
-//! `h3-quinn`'s, whose constructor is private.
+//! (on the stack, no allocation). The sending half is `h3-quinn`'s (whose
+//! constructor is private), writing each frame as one chunk.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
 use quinn::VarInt;
 
@@ -88,10 +89,16 @@ impl quic::RecvStream for Recv {
     }
 }
 
-/// The sending half of a client's bidirectional stream (as `h3-quinn`'s).
+/// The sending half of a client's bidirectional stream. Unlike
+/// `h3-quinn`'s, each frame h3 hands over (its header and payload) is
+/// written to quinn as one chunk: one lock of the connection and one wake
+/// of its driver per frame, not one per piece, and quinn keeps the chunk
+/// instead of copying it again.
 pub(crate) struct Send<B: Buf> {
     stream: quinn::SendStream,
-    writing: Option<WriteBuf<B>>,
+    /// The frame being written, what quinn has not taken of it.
+    writing: Option<Bytes>,
+    _payload: PhantomData<B>,
 }
 
 impl<B: Buf> Send<B> {
@@ -99,6 +106,7 @@ impl<B: Buf> Send<B> {
         Send {
             stream,
             writing: None,
+            _payload: PhantomData,
         }
     }
 }
@@ -156,12 +164,10 @@ fn write_error(e: quinn::WriteError) -> StreamErrorIncoming {
 
 impl<B: Buf> quic::SendStream<B> for Send<B> {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        if let Some(data) = &mut self.writing {
-            while data.has_remaining() {
-                let written = ready!(Pin::new(&mut self.stream).poll_write(cx, data.chunk()))
-                    .map_err(write_error)?;
-                data.advance(written);
-            }
+        while let Some(chunk) = self.writing.as_mut().filter(|c| !c.is_empty()) {
+            // Cancel-safe: what quinn takes is split off `chunk`.
+            let write = pin!(self.stream.write_chunks(std::slice::from_mut(chunk)));
+            ready!(write.poll(cx)).map_err(write_error)?;
         }
         self.writing = None;
         Poll::Ready(Ok(()))
@@ -176,7 +182,10 @@ impl<B: Buf> quic::SendStream<B> for Send<B> {
                 ),
             });
         }
-        self.writing = Some(data.into());
+        let mut frame: WriteBuf<B> = data.into();
+        let mut chunk = BytesMut::with_capacity(frame.remaining());
+        chunk.put(&mut frame);
+        self.writing = Some(chunk.freeze());
         Ok(())
     }
 
