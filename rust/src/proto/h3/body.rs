@@ -377,14 +377,19 @@ fn reset_if_malformed(send: &mut SendHalf, malformed: &AtomicBool) -> bool {
 const SEND_PIECE: usize = 16 * 1024;
 
 /// Runs one write of the response; `Ok(false)` if QUIC flow control held
-/// it back for `limit` (the client takes nothing of the response).
+/// it back for `limit` (the client takes nothing of the response). The
+/// write is polled once first: most are taken at once, and those need no
+/// timer (making one reads the clock and the runtime's thread-locals).
 pub(crate) async fn within<F>(
     limit: Option<Duration>,
-    write: F,
+    mut write: Pin<&mut F>,
 ) -> Result<bool, ::h3::error::StreamError>
 where
     F: Future<Output = Result<(), ::h3::error::StreamError>>,
 {
+    if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
+        return r.map(|()| true);
+    }
     match limit {
         None => write.await.map(|()| true),
         Some(d) => match tokio::time::timeout(d, write).await {
@@ -393,6 +398,16 @@ where
         },
     }
 }
+
+/// [`within`] for a write that borrows `send` (the future is pinned here
+/// and dropped before `send` is used again).
+macro_rules! write_within {
+    ($limit:expr, $write:expr) => {{
+        let write = std::pin::pin!($write);
+        $crate::proto::h3::body::within($limit, write).await
+    }};
+}
+pub(crate) use write_within;
 
 /// Writes `resp` on `send`: HEADERS, then each DATA frame as QUIC flow
 /// control lets it go (the body is polled only when the previous frame
@@ -420,8 +435,8 @@ pub(crate) async fn respond(
     }
     let (mut parts, mut body) = resp.into_parts();
     h3_head(&mut parts.headers);
-    let head = send.send_response(Response::from_parts(parts, ()));
-    if !within(send_timeout, head).await? {
+    let head = Response::from_parts(parts, ());
+    if !write_within!(send_timeout, send.send_response(head))? {
         return cancel(send);
     }
     loop {
@@ -438,14 +453,14 @@ pub(crate) async fn respond(
                             Some(_) if data.len() > SEND_PIECE => data.split_to(SEND_PIECE),
                             _ => std::mem::take(&mut data),
                         };
-                        if !within(send_timeout, send.send_data(piece)).await? {
+                        if !write_within!(send_timeout, send.send_data(piece))? {
                             return cancel(send);
                         }
                     }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        if !within(send_timeout, send.send_trailers(trailers)).await? {
+                        if !write_within!(send_timeout, send.send_trailers(trailers))? {
                             return cancel(send);
                         }
                         break;
@@ -458,7 +473,7 @@ pub(crate) async fn respond(
             }
         }
     }
-    if !within(send_timeout, send.finish()).await? {
+    if !write_within!(send_timeout, send.finish())? {
         return cancel(send);
     }
     Ok(())
