@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use ::h3::server::RequestStream;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures_util::task::AtomicWaker;
 use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
-use tokio_util::sync::CancellationToken;
 
 use crate::http::body::ResponseBody;
 use crate::http::interim::{encode_h1, InterimSlot};
@@ -57,10 +57,53 @@ enum Stage {
     Done,
 }
 
+/// What a request's body tells the request's task, in one allocation:
+/// the body turned out malformed, or the client reset its sending half.
+#[derive(Default)]
+pub(crate) struct BodyFlags {
+    /// Set when the body does not match `declared`, or its trailers carry
+    /// a pseudo-header: the request is malformed, and [`respond`] resets
+    /// the stream instead of answering.
+    pub(crate) malformed: AtomicBool,
+    /// Set when the client resets its sending half (RESET_STREAM).
+    reset: AtomicBool,
+    /// The request's task, woken when `reset` is set.
+    waker: AtomicWaker,
+}
+
+impl BodyFlags {
+    fn set_reset(&self) {
+        self.reset.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn is_reset(&self) -> bool {
+        self.reset.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the client has reset the body; one task at a time
+    /// (the request's) may wait for it.
+    pub(crate) async fn client_reset(&self) {
+        poll_fn(|cx| {
+            if self.is_reset() {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // Set between the check and the registration: not woken.
+            if self.is_reset() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
 /// A request body read from the receiving half of its stream. An error
 /// (the connection closed, a malformed body) reaches the service, which
 /// tells the app `http.disconnect`. The client resetting its sending half
-/// (RESET_STREAM) cancels `client_reset` instead and the body goes quiet:
+/// (RESET_STREAM) is told to the request's task instead ([`BodyFlags`]) and the body goes quiet:
 /// the request's task then drops the service, as hyper does on HTTP/2's
 /// RST_STREAM, so that no answer of the server's own (a `400`) is written
 /// or access-logged for a client that left.
@@ -75,28 +118,23 @@ pub(crate) struct H3Body {
     first: Option<Bytes>,
     /// An error met after data that was handed out first.
     error: Option<BodyError>,
-    /// Set when the body does not match `declared`, or its trailers carry
-    /// a pseudo-header: the request is malformed, and [`respond`] resets
-    /// the stream instead of answering.
-    malformed: Arc<AtomicBool>,
+    /// What the body tells the request's task (see [`BodyFlags`]).
+    flags: Arc<BodyFlags>,
     /// `Expect: 100-continue`: the request's interim slot, where the first
     /// read (the app awaits `receive()`) queues the `100` the client waits
     /// for (RFC 9110 §10.1.1); taken then.
     continue_to: Option<Arc<InterimSlot>>,
-    /// Cancelled when the client resets its sending half.
-    client_reset: CancellationToken,
 }
 
 impl H3Body {
     /// The body of a request whose head declared `declared` bytes;
-    /// `malformed` is set if the body turns out malformed; `continue_to`:
-    /// its interim slot if the client expects a `100`; `client_reset`:
-    /// cancelled if the client resets its sending half.
+    /// `flags`: where it tells the request's task that the body turned out
+    /// malformed or the client reset it; `continue_to`: its interim slot
+    /// if the client expects a `100`.
     pub(crate) fn new(
         recv: RecvHalf,
         declared: Option<u64>,
-        (malformed, continue_to): (Arc<AtomicBool>, Option<Arc<InterimSlot>>),
-        client_reset: CancellationToken,
+        (flags, continue_to): (Arc<BodyFlags>, Option<Arc<InterimSlot>>),
     ) -> Self {
         H3Body {
             recv,
@@ -105,9 +143,8 @@ impl H3Body {
             seen: 0,
             first: None,
             error: None,
-            malformed,
+            flags,
             continue_to,
-            client_reset,
         }
     }
 
@@ -196,7 +233,7 @@ impl H3Body {
             // RFC 9114 §4.1.2: malformed, a stream error H3_MESSAGE_ERROR.
             self.stage = Stage::Done;
             self.error = Some(BodyError::Length);
-            self.malformed.store(true, Ordering::Relaxed);
+            self.flags.malformed.store(true, Ordering::Relaxed);
             self.recv.stop_sending(MESSAGE_ERROR);
         }
         let data = match more {
@@ -246,7 +283,7 @@ impl Body for H3Body {
         if let Some(data) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        if this.client_reset.is_cancelled() {
+        if this.flags.is_reset() {
             // The request's task drops the service (it was woken).
             return Poll::Pending;
         }
@@ -259,7 +296,7 @@ impl Body for H3Body {
             Stage::Done => Poll::Ready(None),
         };
         match got {
-            Poll::Ready(Some(Err(_))) if this.client_reset.is_cancelled() => Poll::Pending,
+            Poll::Ready(Some(Err(_))) if this.flags.is_reset() => Poll::Pending,
             got => got,
         }
     }
@@ -284,19 +321,19 @@ impl H3Body {
     fn failed(&mut self, e: ::h3::error::StreamError) -> BodyError {
         if matches!(&e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code == MESSAGE_ERROR)
         {
-            self.malformed.store(true, Ordering::Relaxed);
+            self.flags.malformed.store(true, Ordering::Relaxed);
         }
         self.note_reset(&e);
         BodyError::Stream(e)
     }
 
-    /// Cancels `client_reset` if `e` is the client's RESET_STREAM (any
+    /// Tells the request's task if `e` is the client's RESET_STREAM (any
     /// code but H3_MESSAGE_ERROR, which is Skirr's own check of the
     /// trailers, see [`super::head`]).
     fn note_reset(&self, e: &::h3::error::StreamError) {
         if matches!(e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code != MESSAGE_ERROR)
         {
-            self.client_reset.cancel();
+            self.flags.set_reset();
         }
     }
 

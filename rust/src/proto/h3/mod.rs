@@ -58,7 +58,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -77,7 +77,7 @@ use crate::worker::clock::clock_ms;
 use crate::worker::connections::{Member, Order};
 use crate::worker::Worker;
 
-use self::body::{H3Body, SendHalf};
+use self::body::{BodyFlags, H3Body, SendHalf};
 
 /// What the composition root (`server`) hands the driver: the QUIC TLS
 /// configuration and how to read a connection's TLS facts.
@@ -542,12 +542,10 @@ async fn request(
     let (mut send, recv): (SendHalf, _) = stream.split();
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
-    let malformed = Arc::new(AtomicBool::new(false));
+    let flags = Arc::new(BodyFlags::default());
     let expect = crate::http::service::expects_continue(req.headers());
     let continue_to = expect.then(|| Arc::clone(&ctx.interim));
-    let client_reset = CancellationToken::new();
-    let flags = (Arc::clone(&malformed), continue_to);
-    let mut body = H3Body::new(recv, declared, flags, client_reset.clone());
+    let mut body = H3Body::new(recv, declared, (Arc::clone(&flags), continue_to));
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
@@ -573,15 +571,20 @@ async fn request(
             },
             _ = qconn.closed() => return,
             // The service is dropped: the app sees `http.disconnect`.
-            _ = client_reset.cancelled() => return cancelled(&mut send, &ctx),
+            _ = flags.client_reset() => return cancelled(&mut send, &ctx),
         }
     };
     let written = {
-        let written = pin!(body::respond(&mut send, resp, send_timeout, &malformed));
+        let written = pin!(body::respond(
+            &mut send,
+            resp,
+            send_timeout,
+            &flags.malformed
+        ));
         tokio::select! {
             r = deadline::watched(written, &ctx, &t) => Some(r),
             // Mid-response, with the body still read: the response goes too.
-            _ = client_reset.cancelled() => None,
+            _ = flags.client_reset() => None,
         }
     };
     match written {
