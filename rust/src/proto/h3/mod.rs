@@ -478,7 +478,7 @@ async fn drive(
                 }
             }
             _ = streams.closed.notified(), if open > 0 => {}
-            _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() => {
+            _ = idle_sleep(idle_left), if idle_left.is_some() => {
                 if draining {
                     // Every response was sent a while ago: close now.
                     let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
@@ -489,6 +489,16 @@ async fn drive(
                 return "keep-alive idle timeout";
             }
         }
+    }
+}
+
+/// Sleeps `d`, or forever if `None`. `select!` makes every branch's
+/// future on each turn, enabled or not: this one makes its timer only when
+/// polled, so a turn with streams open (no idle deadline) makes none.
+async fn idle_sleep(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 

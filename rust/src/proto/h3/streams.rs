@@ -13,13 +13,14 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
 use quinn::VarInt;
+use tokio_util::sync::ReusableBoxFuture;
 
 /// A QUIC error code as quinn takes it; codes past 2^62 (never h3's) as
 /// the largest.
@@ -206,23 +207,29 @@ impl<B: Buf> quic::SendStream<B> for Send<B> {
     }
 }
 
-/// An accept of quinn's, boxed to be polled from h3's traits.
-type Accepting<T> =
-    Pin<Box<dyn Future<Output = Result<T, quinn::ConnectionError>> + std::marker::Send + Sync>>;
+/// An accept of quinn's, boxed to be polled from h3's traits; the box is
+/// kept and reused from one stream to the next.
+type Accepting<T> = ReusableBoxFuture<'static, Result<T, quinn::ConnectionError>>;
 
 /// Accepts the client's streams of a connection, one kind at a time.
 pub(crate) struct Acceptor {
     qconn: quinn::Connection,
-    bidi: Option<Accepting<(quinn::SendStream, quinn::RecvStream)>>,
-    uni: Option<Accepting<quinn::RecvStream>>,
+    bidi: Accepting<(quinn::SendStream, quinn::RecvStream)>,
+    /// Whether `bidi` holds an accept not yet resolved.
+    bidi_pending: bool,
+    uni: Accepting<quinn::RecvStream>,
+    uni_pending: bool,
 }
 
 impl Acceptor {
     pub(crate) fn new(qconn: quinn::Connection) -> Self {
+        let (b, u) = (qconn.clone(), qconn.clone());
         Acceptor {
             qconn,
-            bidi: None,
-            uni: None,
+            bidi: ReusableBoxFuture::new(async move { b.accept_bi().await }),
+            bidi_pending: true,
+            uni: ReusableBoxFuture::new(async move { u.accept_uni().await }),
+            uni_pending: true,
         }
     }
 
@@ -231,13 +238,13 @@ impl Acceptor {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(Send<B>, Recv), ConnectionErrorIncoming>> {
-        let qconn = &self.qconn;
-        let accepting = self.bidi.get_or_insert_with(|| {
-            let q = qconn.clone();
-            Box::pin(async move { q.accept_bi().await })
-        });
-        let got = ready!(accepting.as_mut().poll(cx));
-        self.bidi = None;
+        if !self.bidi_pending {
+            let q = self.qconn.clone();
+            self.bidi.set(async move { q.accept_bi().await });
+            self.bidi_pending = true;
+        }
+        let got = ready!(self.bidi.poll(cx));
+        self.bidi_pending = false;
         let (send, recv) = got.map_err(connection_error)?;
         Poll::Ready(Ok((Send::new(send), Recv::new(recv))))
     }
@@ -247,13 +254,13 @@ impl Acceptor {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Recv, ConnectionErrorIncoming>> {
-        let qconn = &self.qconn;
-        let accepting = self.uni.get_or_insert_with(|| {
-            let q = qconn.clone();
-            Box::pin(async move { q.accept_uni().await })
-        });
-        let got = ready!(accepting.as_mut().poll(cx));
-        self.uni = None;
+        if !self.uni_pending {
+            let q = self.qconn.clone();
+            self.uni.set(async move { q.accept_uni().await });
+            self.uni_pending = true;
+        }
+        let got = ready!(self.uni.poll(cx));
+        self.uni_pending = false;
         Poll::Ready(Ok(Recv::new(got.map_err(connection_error)?)))
     }
 }
