@@ -3,6 +3,7 @@
 //! response written from a [`ResponseBody`] onto the sending half
 //! ([`respond`]), frame by frame as QUIC flow control allows.
 
+use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,9 +13,9 @@ use std::time::Duration;
 
 use ::h3::server::RequestStream;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::{HeaderMap, Response};
+use futures_util::task::AtomicWaker;
+use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
-use tokio_util::sync::CancellationToken;
 
 use crate::http::body::ResponseBody;
 use crate::http::interim::{encode_h1, InterimSlot};
@@ -56,10 +57,53 @@ enum Stage {
     Done,
 }
 
+/// What a request's body tells the request's task, in one allocation:
+/// the body turned out malformed, or the client reset its sending half.
+#[derive(Default)]
+pub(crate) struct BodyFlags {
+    /// Set when the body does not match `declared`, or its trailers carry
+    /// a pseudo-header: the request is malformed, and [`respond`] resets
+    /// the stream instead of answering.
+    pub(crate) malformed: AtomicBool,
+    /// Set when the client resets its sending half (RESET_STREAM).
+    reset: AtomicBool,
+    /// The request's task, woken when `reset` is set.
+    waker: AtomicWaker,
+}
+
+impl BodyFlags {
+    fn set_reset(&self) {
+        self.reset.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn is_reset(&self) -> bool {
+        self.reset.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the client has reset the body; one task at a time
+    /// (the request's) may wait for it.
+    pub(crate) async fn client_reset(&self) {
+        poll_fn(|cx| {
+            if self.is_reset() {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // Set between the check and the registration: not woken.
+            if self.is_reset() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
 /// A request body read from the receiving half of its stream. An error
 /// (the connection closed, a malformed body) reaches the service, which
 /// tells the app `http.disconnect`. The client resetting its sending half
-/// (RESET_STREAM) cancels `client_reset` instead and the body goes quiet:
+/// (RESET_STREAM) is told to the request's task instead ([`BodyFlags`]) and the body goes quiet:
 /// the request's task then drops the service, as hyper does on HTTP/2's
 /// RST_STREAM, so that no answer of the server's own (a `400`) is written
 /// or access-logged for a client that left.
@@ -74,28 +118,23 @@ pub(crate) struct H3Body {
     first: Option<Bytes>,
     /// An error met after data that was handed out first.
     error: Option<BodyError>,
-    /// Set when the body does not match `declared`, or its trailers carry
-    /// a pseudo-header: the request is malformed, and [`respond`] resets
-    /// the stream instead of answering.
-    malformed: Arc<AtomicBool>,
+    /// What the body tells the request's task (see [`BodyFlags`]).
+    flags: Arc<BodyFlags>,
     /// `Expect: 100-continue`: the request's interim slot, where the first
     /// read (the app awaits `receive()`) queues the `100` the client waits
     /// for (RFC 9110 §10.1.1); taken then.
     continue_to: Option<Arc<InterimSlot>>,
-    /// Cancelled when the client resets its sending half.
-    client_reset: CancellationToken,
 }
 
 impl H3Body {
     /// The body of a request whose head declared `declared` bytes;
-    /// `malformed` is set if the body turns out malformed; `continue_to`:
-    /// its interim slot if the client expects a `100`; `client_reset`:
-    /// cancelled if the client resets its sending half.
+    /// `flags`: where it tells the request's task that the body turned out
+    /// malformed or the client reset it; `continue_to`: its interim slot
+    /// if the client expects a `100`.
     pub(crate) fn new(
         recv: RecvHalf,
         declared: Option<u64>,
-        (malformed, continue_to): (Arc<AtomicBool>, Option<Arc<InterimSlot>>),
-        client_reset: CancellationToken,
+        (flags, continue_to): (Arc<BodyFlags>, Option<Arc<InterimSlot>>),
     ) -> Self {
         H3Body {
             recv,
@@ -104,9 +143,8 @@ impl H3Body {
             seen: 0,
             first: None,
             error: None,
-            malformed,
+            flags,
             continue_to,
-            client_reset,
         }
     }
 
@@ -195,7 +233,7 @@ impl H3Body {
             // RFC 9114 §4.1.2: malformed, a stream error H3_MESSAGE_ERROR.
             self.stage = Stage::Done;
             self.error = Some(BodyError::Length);
-            self.malformed.store(true, Ordering::Relaxed);
+            self.flags.malformed.store(true, Ordering::Relaxed);
             self.recv.stop_sending(MESSAGE_ERROR);
         }
         let data = match more {
@@ -245,7 +283,7 @@ impl Body for H3Body {
         if let Some(data) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        if this.client_reset.is_cancelled() {
+        if this.flags.is_reset() {
             // The request's task drops the service (it was woken).
             return Poll::Pending;
         }
@@ -258,7 +296,7 @@ impl Body for H3Body {
             Stage::Done => Poll::Ready(None),
         };
         match got {
-            Poll::Ready(Some(Err(_))) if this.client_reset.is_cancelled() => Poll::Pending,
+            Poll::Ready(Some(Err(_))) if this.flags.is_reset() => Poll::Pending,
             got => got,
         }
     }
@@ -283,19 +321,19 @@ impl H3Body {
     fn failed(&mut self, e: ::h3::error::StreamError) -> BodyError {
         if matches!(&e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code == MESSAGE_ERROR)
         {
-            self.malformed.store(true, Ordering::Relaxed);
+            self.flags.malformed.store(true, Ordering::Relaxed);
         }
         self.note_reset(&e);
         BodyError::Stream(e)
     }
 
-    /// Cancels `client_reset` if `e` is the client's RESET_STREAM (any
+    /// Tells the request's task if `e` is the client's RESET_STREAM (any
     /// code but H3_MESSAGE_ERROR, which is Skirr's own check of the
     /// trailers, see [`super::head`]).
     fn note_reset(&self, e: &::h3::error::StreamError) {
         if matches!(e, ::h3::error::StreamError::RemoteTerminate { code, .. } if *code != MESSAGE_ERROR)
         {
-            self.client_reset.cancel();
+            self.flags.set_reset();
         }
     }
 
@@ -315,16 +353,44 @@ const CONNECTION_FIELDS: [&str; 5] = [
     "upgrade",
 ];
 
+thread_local! {
+    /// The `date` value of the last response on this thread and the Unix
+    /// second it names: formatted once a second, not once a response.
+    static DATE: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((u64::MAX, None)) };
+}
+
+/// The current time as a `date` field value (RFC 9110 §6.6.1).
+fn date_now() -> Option<HeaderValue> {
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        if cached.0 != secs || cached.1.is_none() {
+            let v = HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok();
+            *cached = (secs, v);
+        }
+        cached.1.clone()
+    })
+}
+
 /// The response head as HTTP/3 sends it: connection-specific fields
 /// dropped, `date` added when the app sent none (as hyper does on
 /// HTTP/1.1 and HTTP/2).
 fn h3_head(headers: &mut HeaderMap) {
-    for name in CONNECTION_FIELDS {
-        headers.remove(name);
+    // One pass over the (few) names the app sent, rather than a hashed
+    // removal of each of the five that are almost never there.
+    if headers
+        .keys()
+        .any(|k| CONNECTION_FIELDS.contains(&k.as_str()))
+    {
+        for name in CONNECTION_FIELDS {
+            headers.remove(name);
+        }
     }
     if !headers.contains_key(http::header::DATE) {
-        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
-        if let Ok(v) = http::HeaderValue::from_str(&now) {
+        if let Some(v) = date_now() {
             headers.insert(http::header::DATE, v);
         }
     }
@@ -348,14 +414,19 @@ fn reset_if_malformed(send: &mut SendHalf, malformed: &AtomicBool) -> bool {
 const SEND_PIECE: usize = 16 * 1024;
 
 /// Runs one write of the response; `Ok(false)` if QUIC flow control held
-/// it back for `limit` (the client takes nothing of the response).
+/// it back for `limit` (the client takes nothing of the response). The
+/// write is polled once first: most are taken at once, and those need no
+/// timer (making one reads the clock and the runtime's thread-locals).
 pub(crate) async fn within<F>(
     limit: Option<Duration>,
-    write: F,
+    mut write: Pin<&mut F>,
 ) -> Result<bool, ::h3::error::StreamError>
 where
     F: Future<Output = Result<(), ::h3::error::StreamError>>,
 {
+    if let Poll::Ready(r) = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await {
+        return r.map(|()| true);
+    }
     match limit {
         None => write.await.map(|()| true),
         Some(d) => match tokio::time::timeout(d, write).await {
@@ -364,6 +435,16 @@ where
         },
     }
 }
+
+/// [`within`] for a write that borrows `send` (the future is pinned here
+/// and dropped before `send` is used again).
+macro_rules! write_within {
+    ($limit:expr, $write:expr) => {{
+        let write = std::pin::pin!($write);
+        $crate::proto::h3::body::within($limit, write).await
+    }};
+}
+pub(crate) use write_within;
 
 /// Writes `resp` on `send`: HEADERS, then each DATA frame as QUIC flow
 /// control lets it go (the body is polled only when the previous frame
@@ -391,8 +472,8 @@ pub(crate) async fn respond(
     }
     let (mut parts, mut body) = resp.into_parts();
     h3_head(&mut parts.headers);
-    let head = send.send_response(Response::from_parts(parts, ()));
-    if !within(send_timeout, head).await? {
+    let head = Response::from_parts(parts, ());
+    if !write_within!(send_timeout, send.send_response(head))? {
         return cancel(send);
     }
     loop {
@@ -409,14 +490,14 @@ pub(crate) async fn respond(
                             Some(_) if data.len() > SEND_PIECE => data.split_to(SEND_PIECE),
                             _ => std::mem::take(&mut data),
                         };
-                        if !within(send_timeout, send.send_data(piece)).await? {
+                        if !write_within!(send_timeout, send.send_data(piece))? {
                             return cancel(send);
                         }
                     }
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        if !within(send_timeout, send.send_trailers(trailers)).await? {
+                        if !write_within!(send_timeout, send.send_trailers(trailers))? {
                             return cancel(send);
                         }
                         break;
@@ -429,7 +510,7 @@ pub(crate) async fn respond(
             }
         }
     }
-    if !within(send_timeout, send.finish()).await? {
+    if !write_within!(send_timeout, send.finish())? {
         return cancel(send);
     }
     Ok(())

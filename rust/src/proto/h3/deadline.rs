@@ -87,27 +87,44 @@ pub(crate) async fn read_head(
     // are public (`frame_stream`, doc-hidden, and `accept_with_frame`):
     // the first frame is read here, under the deadlines, and the stream
     // stays at hand to reset.
-    let first = poll_fn(|cx| resolver.frame_stream.poll_next(cx));
-    let header_read = async {
-        if limit.is_zero() {
-            std::future::pending::<()>().await;
+    // Polled once first: the stream was accepted for the bytes that
+    // opened it, which usually hold the whole HEADERS frame, so the
+    // deadlines' timer and drain watch are made only for a head that is
+    // not there yet.
+    let mut now = None;
+    poll_fn(|cx| {
+        if let Poll::Ready(frame) = resolver.frame_stream.poll_next(cx) {
+            now = Some(frame);
         }
-        tokio::time::sleep(limit).await;
-        limit
-    };
-    let drain = async {
-        draining.cancelled().await;
-        if grace.is_zero() {
-            // `drain_grace` off: `header_read_timeout` still applies.
-            std::future::pending::<()>().await;
+        Poll::Ready(())
+    })
+    .await;
+    let frame = match now {
+        Some(frame) => frame,
+        None => {
+            let first = poll_fn(|cx| resolver.frame_stream.poll_next(cx));
+            let header_read = async {
+                if limit.is_zero() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(limit).await;
+                limit
+            };
+            let drain = async {
+                draining.cancelled().await;
+                if grace.is_zero() {
+                    // `drain_grace` off: `header_read_timeout` still applies.
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(grace).await;
+                grace
+            };
+            tokio::select! {
+                frame = first => frame,
+                waited = header_read => return Err(reject(&mut resolver, waited)),
+                waited = drain => return Err(reject(&mut resolver, waited)),
+            }
         }
-        tokio::time::sleep(grace).await;
-        grace
-    };
-    let frame = tokio::select! {
-        frame = first => frame,
-        waited = header_read => return Err(reject(&mut resolver, waited)),
-        waited = drain => return Err(reject(&mut resolver, waited)),
     };
     let resolved = resolver.accept_with_frame(frame).map_err(NoHead::Refused)?;
     resolved.resolve().await.map_err(NoHead::Refused)

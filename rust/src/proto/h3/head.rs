@@ -126,16 +126,16 @@ fn string<'a>(buf: &'a [u8], pos: &mut usize, bits: u32) -> Option<(&'a [u8], bo
     Some((s, huffman))
 }
 
-/// The names of a field section's lines in order; `None` where the section
-/// cannot be read without a dynamic table (h3 reports that).
-fn names(section: &[u8]) -> Option<Vec<Option<Pseudo>>> {
+/// Calls `each` with the name of each of a field section's lines, in
+/// order; `None` where the section cannot be read without a dynamic table
+/// (h3 reports that).
+fn names(section: &[u8], mut each: impl FnMut(Option<Pseudo>)) -> Option<()> {
     let mut pos = 0;
     // Required Insert Count, then the Base: 0 without a dynamic table.
     if prefix_int(section, &mut pos, 8)? != 0 {
         return None;
     }
     prefix_int(section, &mut pos, 7)?;
-    let mut out = Vec::new();
     while pos < section.len() {
         let b = section[pos];
         let name = if b & 0x80 != 0 {
@@ -162,29 +162,25 @@ fn names(section: &[u8]) -> Option<Vec<Option<Pseudo>>> {
             // Post-base references: the dynamic table.
             return None;
         };
-        out.push(name);
+        each(name);
     }
-    Some(out)
+    Some(())
 }
 
 /// Whether a field section breaks RFC 9114 §4.3 in a way h3 lets through:
 /// in a request head (`trailers` false) a repeated pseudo-header, one after
-/// a regular field, or `:status`; in trailers, any pseudo-header.
+/// a regular field, or `:status`; in trailers, any pseudo-header. A
+/// section that cannot be read is not (h3 refuses it).
 fn malformed(section: &[u8], trailers: bool) -> bool {
-    let Some(names) = names(section) else {
-        return false;
-    };
-    let (mut seen, mut regular) = (0u8, false);
-    for name in names {
-        match name {
-            None => regular = true,
-            Some(_) if trailers || regular => return true,
-            Some(Pseudo::Status) => return true,
-            Some(p) if p != Pseudo::Other && seen & p.bit() != 0 => return true,
-            Some(p) => seen |= p.bit(),
-        }
-    }
-    false
+    let (mut seen, mut regular, mut bad) = (0u8, false, false);
+    let read = names(section, |name| match name {
+        None => regular = true,
+        Some(_) if trailers || regular => bad = true,
+        Some(Pseudo::Status) => bad = true,
+        Some(p) if p != Pseudo::Other && seen & p.bit() != 0 => bad = true,
+        Some(p) => seen |= p.bit(),
+    });
+    read.is_some() && bad
 }
 
 /// Follows a request stream's frames as they pass to h3, keeping each
@@ -212,6 +208,14 @@ impl HeadCheck {
     pub(crate) fn feed(&mut self, bytes: &[u8]) -> Result<(), ()> {
         let mut i = 0;
         while i < bytes.len() {
+            if self.skip == 0 && self.keep.is_none() && self.pending.is_empty() {
+                // At a frame's start: a frame header, and a HEADERS frame,
+                // that this chunk holds whole are read in place.
+                if let Some(n) = self.whole_frame(&bytes[i..])? {
+                    i += n;
+                    continue;
+                }
+            }
             if self.skip > 0 {
                 let n = (bytes.len() - i).min(usize::try_from(self.skip).unwrap_or(usize::MAX));
                 self.skip -= n as u64;
@@ -252,12 +256,49 @@ impl HeadCheck {
         Ok(())
     }
 
+    /// At a frame's start in `bytes`: if its header is whole there, follows
+    /// it (a HEADERS frame is checked, if whole there too, else kept as
+    /// [`HeadCheck::feed`] does) and returns the bytes passed over;
+    /// `Ok(None)`: the header is cut, the caller goes byte by byte.
+    fn whole_frame(&mut self, bytes: &[u8]) -> Result<Option<usize>, ()> {
+        let Some((ty, a)) = varint(bytes) else {
+            return Ok(None);
+        };
+        let Some((len, b)) = varint(&bytes[a..]) else {
+            return Ok(None);
+        };
+        let start = a + b;
+        if ty != HEADERS || len > MAX_CHECKED {
+            self.sections += u32::from(ty == HEADERS);
+            self.skip = len;
+            return Ok(Some(start));
+        }
+        let end = start + len as usize;
+        match bytes.get(start..end) {
+            Some(section) => self.check_section(section).map(|()| Some(end)),
+            None => {
+                self.pending.extend_from_slice(&bytes[..start]);
+                self.keep = Some(end);
+                self.start = start;
+                Ok(Some(start))
+            }
+        }
+    }
+
     /// Checks the HEADERS frame kept in `pending`.
     fn check(&mut self) -> Result<(), ()> {
-        let bad = malformed(&self.pending[self.start..], self.sections > 0);
-        self.sections += 1;
+        let pending = std::mem::take(&mut self.pending);
+        let checked = self.check_section(&pending[self.start..]);
+        self.pending = pending;
         self.pending.clear();
         self.keep = None;
+        checked
+    }
+
+    /// Checks one field section, the next of the stream.
+    fn check_section(&mut self, section: &[u8]) -> Result<(), ()> {
+        let bad = malformed(section, self.sections > 0);
+        self.sections += 1;
         if bad {
             self.failed = true;
             Err(())
@@ -440,5 +481,16 @@ mod tests {
         let (mid, last) = rest.split_at(rest.len() - 2);
         assert_eq!(c.feed(mid), Ok(()));
         assert_eq!(c.feed(last), Err(()));
+        // The same stream in one chunk, and byte by byte.
+        assert_eq!(HeadCheck::default().feed(&stream), Err(()));
+        let mut c = HeadCheck::default();
+        let fed: Vec<_> = stream.iter().map(|b| c.feed(&[*b])).collect();
+        assert_eq!(fed.last(), Some(&Err(())));
+        assert!(fed[..fed.len() - 1].iter().all(Result::is_ok));
+        // A well-formed head and body in one chunk pass.
+        let mut ok = vec![0x01, head.len() as u8];
+        ok.extend_from_slice(&head);
+        ok.extend_from_slice(&[0x00, 0x03, b'a', b'b', b'c']);
+        assert_eq!(HeadCheck::default().feed(&ok), Ok(()));
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::body::{cancel, within, SendHalf};
+use super::body::{cancel, write_within, SendHalf};
 use crate::http::interim::InterimSlot;
 
 /// Polls `work` (the service) to its end, sending on `send` each interim
@@ -44,7 +44,7 @@ pub(crate) async fn serve<F: Future>(
                     let mut head = Response::new(());
                     *head.status_mut() = status;
                     *head.headers_mut() = headers;
-                    match within(send_timeout, send.send_response(head)).await {
+                    match write_within!(send_timeout, send.send_response(head)) {
                         Ok(true) => {}
                         Ok(false) => {
                             let _ = cancel(send);

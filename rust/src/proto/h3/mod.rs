@@ -58,7 +58,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -77,7 +77,7 @@ use crate::worker::clock::clock_ms;
 use crate::worker::connections::{Member, Order};
 use crate::worker::Worker;
 
-use self::body::{H3Body, SendHalf};
+use self::body::{BodyFlags, H3Body, SendHalf};
 
 /// What the composition root (`server`) hands the driver: the QUIC TLS
 /// configuration and how to read a connection's TLS facts.
@@ -478,7 +478,7 @@ async fn drive(
                 }
             }
             _ = streams.closed.notified(), if open > 0 => {}
-            _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() => {
+            _ = idle_sleep(idle_left), if idle_left.is_some() => {
                 if draining {
                     // Every response was sent a while ago: close now.
                     let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
@@ -489,6 +489,16 @@ async fn drive(
                 return "keep-alive idle timeout";
             }
         }
+    }
+}
+
+/// Sleeps `d`, or forever if `None`. `select!` makes every branch's
+/// future on each turn, enabled or not: this one makes its timer only when
+/// polled, so a turn with streams open (no idle deadline) makes none.
+async fn idle_sleep(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -542,12 +552,10 @@ async fn request(
     let (mut send, recv): (SendHalf, _) = stream.split();
     let ctx = Arc::new(conn.for_request());
     ctx.activity.start_request();
-    let malformed = Arc::new(AtomicBool::new(false));
+    let flags = Arc::new(BodyFlags::default());
     let expect = crate::http::service::expects_continue(req.headers());
     let continue_to = expect.then(|| Arc::clone(&ctx.interim));
-    let client_reset = CancellationToken::new();
-    let flags = (Arc::clone(&malformed), continue_to);
-    let mut body = H3Body::new(recv, declared, flags, client_reset.clone());
+    let mut body = H3Body::new(recv, declared, (Arc::clone(&flags), continue_to));
     body.prime().await;
     let req = req.map(|()| body);
     let t = Timeouts::new(&ctx.shared.config);
@@ -573,15 +581,20 @@ async fn request(
             },
             _ = qconn.closed() => return,
             // The service is dropped: the app sees `http.disconnect`.
-            _ = client_reset.cancelled() => return cancelled(&mut send, &ctx),
+            _ = flags.client_reset() => return cancelled(&mut send, &ctx),
         }
     };
     let written = {
-        let written = pin!(body::respond(&mut send, resp, send_timeout, &malformed));
+        let written = pin!(body::respond(
+            &mut send,
+            resp,
+            send_timeout,
+            &flags.malformed
+        ));
         tokio::select! {
             r = deadline::watched(written, &ctx, &t) => Some(r),
             // Mid-response, with the body still read: the response goes too.
-            _ = client_reset.cancelled() => None,
+            _ = flags.client_reset() => None,
         }
     };
     match written {

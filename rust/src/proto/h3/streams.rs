@@ -8,17 +8,19 @@
 //! and quinn then dropped the stream with STOP_SENDING code 0. Here the
 //! quinn stream stays in place: quinn's `read_chunk` is cancel-safe and
 //! keeps its state in the stream, so each poll makes its future afresh
-//! (on the stack, no allocation). The sending half is a copy of
-//! `h3-quinn`'s, whose constructor is private.
+//! (on the stack, no allocation). The sending half is `h3-quinn`'s (whose
+//! constructor is private), writing each frame as one chunk.
 
 use std::future::Future;
-use std::pin::{pin, Pin};
+use std::marker::PhantomData;
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use h3::quic::{self, ConnectionErrorIncoming, StreamErrorIncoming, StreamId, WriteBuf};
 use quinn::VarInt;
+use tokio_util::sync::ReusableBoxFuture;
 
 /// A QUIC error code as quinn takes it; codes past 2^62 (never h3's) as
 /// the largest.
@@ -88,10 +90,16 @@ impl quic::RecvStream for Recv {
     }
 }
 
-/// The sending half of a client's bidirectional stream (as `h3-quinn`'s).
+/// The sending half of a client's bidirectional stream. Unlike
+/// `h3-quinn`'s, each frame h3 hands over (its header and payload) is
+/// written to quinn as one chunk: one lock of the connection and one wake
+/// of its driver per frame, not one per piece, and quinn keeps the chunk
+/// instead of copying it again.
 pub(crate) struct Send<B: Buf> {
     stream: quinn::SendStream,
-    writing: Option<WriteBuf<B>>,
+    /// The frame being written, what quinn has not taken of it.
+    writing: Option<Bytes>,
+    _payload: PhantomData<B>,
 }
 
 impl<B: Buf> Send<B> {
@@ -99,6 +107,7 @@ impl<B: Buf> Send<B> {
         Send {
             stream,
             writing: None,
+            _payload: PhantomData,
         }
     }
 }
@@ -156,12 +165,10 @@ fn write_error(e: quinn::WriteError) -> StreamErrorIncoming {
 
 impl<B: Buf> quic::SendStream<B> for Send<B> {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        if let Some(data) = &mut self.writing {
-            while data.has_remaining() {
-                let written = ready!(Pin::new(&mut self.stream).poll_write(cx, data.chunk()))
-                    .map_err(write_error)?;
-                data.advance(written);
-            }
+        while let Some(chunk) = self.writing.as_mut().filter(|c| !c.is_empty()) {
+            // Cancel-safe: what quinn takes is split off `chunk`.
+            let write = pin!(self.stream.write_chunks(std::slice::from_mut(chunk)));
+            ready!(write.poll(cx)).map_err(write_error)?;
         }
         self.writing = None;
         Poll::Ready(Ok(()))
@@ -176,7 +183,10 @@ impl<B: Buf> quic::SendStream<B> for Send<B> {
                 ),
             });
         }
-        self.writing = Some(data.into());
+        let mut frame: WriteBuf<B> = data.into();
+        let mut chunk = BytesMut::with_capacity(frame.remaining());
+        chunk.put(&mut frame);
+        self.writing = Some(chunk.freeze());
         Ok(())
     }
 
@@ -197,23 +207,29 @@ impl<B: Buf> quic::SendStream<B> for Send<B> {
     }
 }
 
-/// An accept of quinn's, boxed to be polled from h3's traits.
-type Accepting<T> =
-    Pin<Box<dyn Future<Output = Result<T, quinn::ConnectionError>> + std::marker::Send + Sync>>;
+/// An accept of quinn's, boxed to be polled from h3's traits; the box is
+/// kept and reused from one stream to the next.
+type Accepting<T> = ReusableBoxFuture<'static, Result<T, quinn::ConnectionError>>;
 
 /// Accepts the client's streams of a connection, one kind at a time.
 pub(crate) struct Acceptor {
     qconn: quinn::Connection,
-    bidi: Option<Accepting<(quinn::SendStream, quinn::RecvStream)>>,
-    uni: Option<Accepting<quinn::RecvStream>>,
+    bidi: Accepting<(quinn::SendStream, quinn::RecvStream)>,
+    /// Whether `bidi` holds an accept not yet resolved.
+    bidi_pending: bool,
+    uni: Accepting<quinn::RecvStream>,
+    uni_pending: bool,
 }
 
 impl Acceptor {
     pub(crate) fn new(qconn: quinn::Connection) -> Self {
+        let (b, u) = (qconn.clone(), qconn.clone());
         Acceptor {
             qconn,
-            bidi: None,
-            uni: None,
+            bidi: ReusableBoxFuture::new(async move { b.accept_bi().await }),
+            bidi_pending: true,
+            uni: ReusableBoxFuture::new(async move { u.accept_uni().await }),
+            uni_pending: true,
         }
     }
 
@@ -222,13 +238,13 @@ impl Acceptor {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(Send<B>, Recv), ConnectionErrorIncoming>> {
-        let qconn = &self.qconn;
-        let accepting = self.bidi.get_or_insert_with(|| {
-            let q = qconn.clone();
-            Box::pin(async move { q.accept_bi().await })
-        });
-        let got = ready!(accepting.as_mut().poll(cx));
-        self.bidi = None;
+        if !self.bidi_pending {
+            let q = self.qconn.clone();
+            self.bidi.set(async move { q.accept_bi().await });
+            self.bidi_pending = true;
+        }
+        let got = ready!(self.bidi.poll(cx));
+        self.bidi_pending = false;
         let (send, recv) = got.map_err(connection_error)?;
         Poll::Ready(Ok((Send::new(send), Recv::new(recv))))
     }
@@ -238,13 +254,13 @@ impl Acceptor {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Recv, ConnectionErrorIncoming>> {
-        let qconn = &self.qconn;
-        let accepting = self.uni.get_or_insert_with(|| {
-            let q = qconn.clone();
-            Box::pin(async move { q.accept_uni().await })
-        });
-        let got = ready!(accepting.as_mut().poll(cx));
-        self.uni = None;
+        if !self.uni_pending {
+            let q = self.qconn.clone();
+            self.uni.set(async move { q.accept_uni().await });
+            self.uni_pending = true;
+        }
+        let got = ready!(self.uni.poll(cx));
+        self.uni_pending = false;
         Poll::Ready(Ok(Recv::new(got.map_err(connection_error)?)))
     }
 }
