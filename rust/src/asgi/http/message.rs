@@ -220,7 +220,9 @@ pub(crate) fn parse_headers(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Header
 fn fields(v: &Bound<'_, PyAny>, what: &str) -> PyResult<(HeaderMap, bool)> {
     let mut length = false;
     if let Ok(list) = v.cast::<PyList>() {
-        let mut map = HeaderMap::with_capacity(list.len());
+        // One slot more for the `date` field HTTP/2 and HTTP/3 insert
+        // (hyper's HTTP/1.1 writes it without the map): no regrowth.
+        let mut map = HeaderMap::with_capacity(list.len() + 1);
         for item in list.iter() {
             length |= add_item(&mut map, &item, what)?;
         }
