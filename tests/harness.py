@@ -229,6 +229,24 @@ def tls_answers(server, alpn: list[str] | None = None) -> bool:
         return False
 
 
+def accept_queue(port: int) -> int:
+    """Connections waiting in the accept queue of the IPv4 listener on
+    ``port`` (the ``rx_queue`` of its LISTEN line in /proc/net/tcp)."""
+    hexport = f":{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[1].endswith(hexport) and f[3] == "0A":
+            return int(f[4].split(":")[1], 16)
+    raise RuntimeError(f"no listener on port {port}")
+
+
+def wait_accepted(port: int, timeout: float = TIMEOUT) -> None:
+    """Waits until the server has accepted every connection made to
+    ``port`` so far: one still queued when a drain begins is never served
+    (the test keeps the listening socket open)."""
+    wait_until(lambda: accept_queue(port) == 0, timeout, what=f"the connections to port {port} accepted")
+
+
 def wait_until(predicate, timeout: float = TIMEOUT, interval: float = 0.02, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:
