@@ -365,10 +365,9 @@ def test_limit_concurrency_refusals_are_counted_and_the_health_path_is_not():
     mport = free_port()
     args = ("--metrics-bind", f"127.0.0.1:{mport}", "--limit-concurrency", "1", "--health-path", "/_health")
     with skirr(APP, *args) as s:
-        # The harness's readiness probes: as many requests as tries (on a
-        # loaded machine a try can give up before the server answers it),
-        # each counted when its body was written, possibly after the client
-        # read it. Counted for good once no connection is open.
+        # The harness's readiness probe: counted when its body was written,
+        # possibly after the client read it; for good once no connection is
+        # open.
         before = settled(mport)
         slow = threading.Thread(target=request, args=(s.port, "GET", "/slow"))
         slow.start()
