@@ -461,6 +461,9 @@ def test_send_timeout_spares_a_slow_reader_that_makes_progress():
             assert time.monotonic() - t0 > 2
             assert c.response(1) == (200, b"b" * n)
             assert not any(isinstance(f, RstStreamFrame) for f in c.frames)
+        # Recorded after the app's last send() returned: maybe after the
+        # client read the end of the stream.
+        wait_until(lambda: events(s), what="the app's record")
         assert events(s) == [{"big": "done", "tag": "slow", "sent": n}]
 
 
