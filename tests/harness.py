@@ -229,6 +229,24 @@ def tls_answers(server, alpn: list[str] | None = None) -> bool:
         return False
 
 
+def accept_queue(port: int) -> int:
+    """Connections waiting in the accept queue of the IPv4 listener on
+    ``port`` (the ``rx_queue`` of its LISTEN line in /proc/net/tcp)."""
+    hexport = f":{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[1].endswith(hexport) and f[3] == "0A":
+            return int(f[4].split(":")[1], 16)
+    raise RuntimeError(f"no listener on port {port}")
+
+
+def wait_accepted(port: int, timeout: float = TIMEOUT) -> None:
+    """Waits until the server has accepted every connection made to
+    ``port`` so far: one still queued when a drain begins is never served
+    (the test keeps the listening socket open)."""
+    wait_until(lambda: accept_queue(port) == 0, timeout, what=f"the connections to port {port} accepted")
+
+
 def wait_until(predicate, timeout: float = TIMEOUT, interval: float = 0.02, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:
@@ -240,14 +258,43 @@ def wait_until(predicate, timeout: float = TIMEOUT, interval: float = 0.02, what
         time.sleep(interval)
 
 
-def _answers(port: int | None, uds: str | None) -> bool:
-    try:
-        with RawConn(port, path=uds, timeout=1.0) as c:
-            c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            c.read_response()
-        return True
-    except (OSError, ConnectionClosed, ValueError):
-        return False
+class _Probe:
+    """The readiness probe: one ``GET /healthz`` on one connection, awaited
+    for as long as readiness may take. A listening socket the test bound
+    accepts the connection before the server runs; a probe that gave up
+    and tried again would leave its request queued there, and the server
+    would serve it later: one more request than the test counts (its
+    ``max_requests``, an app's or a metric's counts)."""
+
+    def __init__(self, port: int | None, uds: str | None) -> None:
+        self.port, self.uds = port, uds
+        self.conn: RawConn | None = None
+
+    def answered(self) -> bool:
+        """True once the server answered; False meanwhile (the next call
+        keeps waiting on the same connection, or connects again if the
+        connection was refused or closed unanswered)."""
+        try:
+            if self.conn is None:
+                self.conn = RawConn(self.port, path=self.uds, timeout=1.0)
+                self.conn.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            self.conn.sock.settimeout(0.2)
+            if not self.conn.buf:
+                self.conn._fill()  # raises TimeoutError while the server is not answering yet
+            self.conn.sock.settimeout(TIMEOUT)
+            self.conn.read_response()
+            self.close()
+            return True
+        except TimeoutError:
+            return False
+        except (OSError, ConnectionClosed, ValueError):
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
 
 @dataclass
@@ -266,12 +313,17 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 20.0) -> Server:
+        probe = _Probe(self.port, self.uds)
+
         def ready():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.logs()}")
-            return _answers(self.port, self.uds)
+            return probe.answered()
 
-        wait_until(ready, timeout, 0.05, "server readiness")
+        try:
+            wait_until(ready, timeout, 0.05, "server readiness")
+        finally:
+            probe.close()
         return self
 
     def send_signal(self, sig: int) -> None:

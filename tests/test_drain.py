@@ -9,14 +9,30 @@ Gunicorn master)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
 
-from harness import TIMEOUT, ConnectionClosed, RawConn, gunicorn, skirr, wait_until, worker_pids
+from harness import (
+    TIMEOUT,
+    ConnectionClosed,
+    RawConn,
+    gunicorn,
+    request,
+    skirr,
+    wait_accepted,
+    wait_until,
+    worker_pids,
+)
 from wsraw import CLOSE, WsConn, close_payload, frame
 
 GET = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+
+
+def in_app(port: int, tag: str) -> None:
+    """Waits until the app holds ``/sleep?tag=TAG`` (``GET /events``)."""
+    wait_until(lambda: {"sleeping": tag} in json.loads(request(port, "GET", "/events").body), what=f"{tag} in the app")
 
 
 def _read_chunked(c: RawConn) -> bytes:
@@ -53,8 +69,8 @@ def test_a_response_whose_head_is_written_after_the_drain_began_says_close():
         with RawConn(s.port) as c:
             c.send(GET)
             assert c.read_response().status == 200
-            c.send(b"GET /sleep?secs=1.5 HTTP/1.1\r\nHost: a\r\n\r\n")
-            time.sleep(0.3)  # the request is in the app when the drain begins
+            c.send(b"GET /sleep?secs=1.5&tag=head-after HTTP/1.1\r\nHost: a\r\n\r\n")
+            in_app(s.port, "head-after")  # the request is in the app when the drain begins
             s.send_signal(signal.SIGTERM)
             r = c.read_response()
             assert (r.status, r.body, r.header("connection")) == (200, b"slept", "close")
@@ -97,8 +113,11 @@ def test_gunicorn_drain_is_short_with_slowloris_and_non_reading_clients():
         idle.send(GET)
         assert idle.read_response().status == 200
         busy = RawConn(g.port)
-        busy.send(b"POST /sleep?secs=2 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
-        time.sleep(0.5)  # every client above is in its state when the drain begins
+        busy.send(b"POST /sleep?secs=2&tag=busy HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+        # Every client above is in its state when the drain begins: the busy
+        # request in the app (the others were accepted before it, in order).
+        in_app(g.port, "busy")
+        wait_accepted(g.port)
         t0 = time.monotonic()
         g.send_signal(signal.SIGTERM)
         # The request in progress completes, and says close.
@@ -162,7 +181,7 @@ def test_drain_grace_zero_keeps_the_old_drain():
     with skirr("apps.probe:app", "--drain-grace", "0", "--graceful-timeout", "1.5") as s:
         with RawConn(s.port) as slow:
             slow.send(b"GET / HTTP/1.1\r\nHost: a\r\n")
-            time.sleep(0.3)
+            wait_accepted(s.port)  # one left queued would never be closed
             t0 = time.monotonic()
             s.send_signal(signal.SIGTERM)
             assert slow.is_closed(timeout=TIMEOUT)
@@ -174,7 +193,7 @@ def test_a_head_completed_within_the_grace_is_served_with_close():
     with skirr("apps.probe:app", "--drain-grace", "3", "--graceful-timeout", "15") as s:
         with RawConn(s.port) as c:
             c.send(b"GET / HTTP/1.1\r\nHost: a\r\n")
-            time.sleep(0.3)
+            wait_accepted(s.port)  # one left queued would never be served
             s.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             c.send(b"\r\n")

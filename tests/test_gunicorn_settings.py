@@ -102,8 +102,10 @@ def test_worker_connections_limits_concurrent_connections():
 def test_graceful_timeout_bounds_the_drain():
     with gunicorn(APP, "--graceful-timeout", "1") as g:
         with RawConn(g.port) as c:
-            c.send(b"GET /sleep?secs=30 HTTP/1.1\r\nHost: a\r\n\r\n")
-            time.sleep(0.3)  # let the request reach the app
+            c.send(b"GET /sleep?secs=30&tag=drain HTTP/1.1\r\nHost: a\r\n\r\n")
+            wait_until(  # the request is in the app
+                lambda: {"sleeping": "drain"} in json.loads(request(g.port, "GET", "/events").body), what="in the app"
+            )
             t0 = time.monotonic()
             g.send_signal(signal.SIGTERM)
             assert c.is_closed(timeout=10)

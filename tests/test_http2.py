@@ -260,7 +260,11 @@ def test_rst_stream_reaches_the_app_as_disconnect_other_streams_unaffected():
         try:
             gone = raw.request("/wait-disconnect?tag=rst")
             other = raw.request("/stream?n=3&delay=0.2")
-            time.sleep(0.3)
+            # The reset comes once the app has the request.
+            wait_until(
+                lambda: "/wait-disconnect" in json.loads(request(s.port, "GET", "/paths").body),
+                what="the request in the app",
+            )
             raw.conn.reset_stream(gone)
             raw.flush()
             wait_until(lambda: {"disconnect": "http.disconnect", "tag": "rst"} in events(s), what="disconnect")

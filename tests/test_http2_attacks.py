@@ -443,11 +443,12 @@ def test_send_timeout_resets_a_stalled_stream_the_app_sees_the_disconnect():
 
 
 def test_send_timeout_spares_a_slow_reader_that_makes_progress():
-    """A client opening its window 32 KiB at a time every 0.4 s takes 2.4 s
-    for 192 KiB, longer than send_timeout (1 s): each piece it reads is
-    progress, so the response completes."""
-    n = 192 * 1024
-    with skirr(APP, *H2C, "--send-timeout", "1") as s:
+    """A client opening its window 32 KiB at a time every 0.4 s takes 4 s
+    for 320 KiB, longer than send_timeout (2 s): each piece it reads is
+    progress, so the response completes. (With a 1 s timeout a client
+    paused for 0.6 s on a loaded machine made no progress for too long.)"""
+    n = 320 * 1024
+    with skirr(APP, *H2C, "--send-timeout", "2") as s:
         with Frames(s.port, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0}) as c:
             c.auto_window = False
             c.get(1, f"/big?n={n}&chunk={n}&tag=slow")
@@ -458,9 +459,12 @@ def test_send_timeout_spares_a_slow_reader_that_makes_progress():
                 end = time.monotonic() + 0.4
                 while time.monotonic() < end and c.read_some(end - time.monotonic()):
                     pass
-            assert time.monotonic() - t0 > 2
+            assert time.monotonic() - t0 > 3
             assert c.response(1) == (200, b"b" * n)
             assert not any(isinstance(f, RstStreamFrame) for f in c.frames)
+        # Recorded after the app's last send() returned: maybe after the
+        # client read the end of the stream.
+        wait_until(lambda: events(s), what="the app's record")
         assert events(s) == [{"big": "done", "tag": "slow", "sent": n}]
 
 

@@ -109,10 +109,14 @@ def test_reuse_port_a_blocked_worker_answers_503_on_its_own_socket():
 
 
 def test_requests_read_but_not_started_get_503_and_accepting_resumes():
-    with skirr(APP, env=STALL) as s:
+    # The queued request must be read while the loop is blocked but before
+    # the stall is seen (from then on the shared socket is not accepted
+    # and the request would wait for the loop): a 2 s stall timeout gives
+    # a loaded machine that long to send and read it (0.5 s did not).
+    with skirr(APP, env={"SKIRR_LOOP_STALL_TIMEOUT": "2"}) as s:
         with RawConn(s.port, timeout=15) as blocker, RawConn(s.port, timeout=15) as queued:
-            blocker.send(b"GET /block?secs=3 HTTP/1.1\r\nHost: x\r\n\r\n")
-            time.sleep(0.1)  # the loop is blocked from here on
+            blocker.send(b"GET /block?secs=4 HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.2)  # the loop is blocked from here on (or takes both requests in one batch)
             queued.send(b"POST /sleep?secs=0&tag=queued HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
             r = queued.read_response()
             assert r.status == 503

@@ -16,6 +16,11 @@ def server():
         yield s
 
 
+def paths(server) -> list:
+    """The path of every request the app was called for."""
+    return json.loads(request(server.port, "GET", "/paths").body)
+
+
 def events(server):
     """The app's recorded events (dicts only)."""
     return [e for e in json.loads(request(server.port, "GET", "/events").body) if isinstance(e, dict)]
@@ -74,8 +79,9 @@ def test_client_disconnected_is_an_oserror():
 
 def test_chunked_upload_arrives_as_several_messages_with_more_body(server):
     with RawConn(server.port) as c:
-        c.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-        time.sleep(0.2)  # let the first chunk reach the app on its own
+        c.send(b"POST /echo?log=chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        # The first chunk reaches the app on its own.
+        wait_until(lambda: {"body_message": 5, "log": "chunked"} in events(server), what="the first chunk in the app")
         c.send(b"6\r\n world\r\n0\r\n\r\n")
         r = c.read_response()
         assert r.body == b"hello world"
@@ -102,7 +108,8 @@ def test_body_chunks_handed_to_the_app_are_bounded(server):
 def test_disconnect_reaches_the_app_and_later_send_raises(server):
     with RawConn(server.port) as c:
         c.send(b"GET /wait-disconnect?tag=d1 HTTP/1.1\r\nHost: x\r\n\r\n")
-        time.sleep(0.2)
+        # The client leaves once the app has the request.
+        wait_until(lambda: "/wait-disconnect" in paths(server), what="the request in the app")
 
     def both():
         evs = [e for e in events(server) if e.get("tag") == "d1"]

@@ -338,10 +338,13 @@ def test_server_pings_and_closes_a_dead_peer():
 
 
 def test_answered_pings_keep_the_socket_open():
-    with skirr(APP, "--ws-ping-interval", "0.2", "--ws-ping-timeout", "0.2") as s:
+    # Each pong may take the client up to 1 s on a loaded machine (0.2 s
+    # did not always do); ten pings 0.2 s apart outlast that timeout, so a
+    # server that ignored the pongs would close before the loop ends.
+    with skirr(APP, "--ws-ping-interval", "0.2", "--ws-ping-timeout", "1") as s:
         with WsConn(s.port) as c:
             c.handshake()
-            for _ in range(4):
+            for _ in range(10):
                 op, _, payload = c.read_frame()
                 assert op == PING
                 c.send(frame(PONG, payload))
@@ -591,11 +594,15 @@ def test_gunicorn_shutdown_fits_the_close_handshake_inside_the_masters_deadline(
 
     # The master kills the worker at --graceful-timeout: the 1001 and the
     # peer's reply must both happen before that.
-    with gunicorn(APP, "-w", "1", "--graceful-timeout", "1") as g:
+    # 4 s (drain_grace longer): the 1001 goes out at 2 s, leaving the other
+    # half for the reply (the standalone schedule, 1001 at the graceful
+    # timeout, would be killed); the client's 0.5 s and the close leave a
+    # loaded machine 1.5 s.
+    with gunicorn(APP, "-w", "1", "--graceful-timeout", "4", env={"SKIRR_DRAIN_GRACE": "10"}) as g:
         with WsConn(g.port) as c:
             assert c.handshake("/idle").status == 101
             g.send_signal(signal.SIGTERM)
-            code, _ = _answer_close_and_see_eof(c, within=1.0, delay=0.3)
+            code, _ = _answer_close_and_see_eof(c, within=1.5, delay=0.5)
             assert code == 1001
         assert g.wait(15) == 0
         assert "SIGKILL" not in g.logs()

@@ -43,13 +43,15 @@ async def respond_json(send, obj, status=200):
     await respond(send, status, json.dumps(obj).encode(), content_type=b"application/json")
 
 
-async def read_body(receive):
+async def read_body(receive, log=None):
     chunks = []
     while True:
         m = await receive()
         if m["type"] == "http.disconnect":
             return None, chunks
         chunks.append(m)
+        if log:
+            EVENTS.append({"body_message": len(m.get("body", b"")), "log": log})
         if not m.get("more_body"):
             return b"".join(c["body"] for c in chunks), chunks
 
@@ -159,7 +161,8 @@ async def app(scope, receive, send):
     if path == "/crash":
         raise RuntimeError("the app crashed (for the error log)")
     if path == "/echo":
-        body, chunks = await read_body(receive)
+        # ?log=TAG: each body message's size goes to EVENTS as it arrives.
+        body, chunks = await read_body(receive, log=q.get("log"))
         headers = [(b"x-chunks", str(len(chunks)).encode())]
         return await respond(send, body=body or b"", headers=headers, content_type=b"application/octet-stream")
     if path == "/upload-count":

@@ -89,7 +89,7 @@ def test_sse_generator_stops_when_the_client_leaves(server, client):
             got += text
             if len(sse_events(got)) >= 2:
                 break
-    stopped = poll_json(client, f"/sse/stopped/{key}", lambda v: v["stopped"], "the SSE generator to stop", timeout=3)
+    stopped = poll_json(client, f"/sse/stopped/{key}", lambda v: v["stopped"], "the SSE generator to stop")
     assert 2 <= stopped["sent"] < 100000
 
 
@@ -104,7 +104,7 @@ def test_a_stream_that_never_asks_stops_when_the_client_leaves(server, client, k
         c.send(f"GET /slow-stream/{kind}/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         c.read_until(b"chunk 2")
         sent = client.get(f"/slow-stream-state/{key}").json()["sent"]
-    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop", timeout=5)
+    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop")
     assert st["sent"] <= sent + 1, (sent, st)
 
 
@@ -119,7 +119,7 @@ def test_file_response_runs_its_background_task(client, data, name):
     assert r.headers["content-disposition"] == f'attachment; filename="{name}"'
     assert "etag" in r.headers and "last-modified" in r.headers
     assert sha256(r.content) == f.sha256
-    poll_json(client, f"/background/{tag}", lambda v: v["ran"], f"the background task after {name}", timeout=3)
+    poll_json(client, f"/background/{tag}", lambda v: v["ran"], f"the background task after {name}")
 
 
 def test_file_response_range(client, data):
@@ -133,7 +133,7 @@ def test_file_response_range(client, data):
 def test_plain_response_runs_its_background_task(client):
     tag = uuid.uuid4().hex
     assert client.get("/plain-background", params={"tag": tag}).json() == {"ok": True}
-    poll_json(client, f"/background/{tag}", lambda v: v["ran"], "the background task", timeout=3)
+    poll_json(client, f"/background/{tag}", lambda v: v["ran"], "the background task")
 
 
 def test_streaming_response_with_content_length_runs_its_background_task(client):
@@ -144,7 +144,7 @@ def test_streaming_response_with_content_length_runs_its_background_task(client)
     assert r.status_code == 200
     assert r.headers["content-length"] == "3000" and "transfer-encoding" not in r.headers
     assert r.content == b"A" * 1000 + b"B" * 1000 + b"C" * 1000
-    poll_json(client, f"/background/{tag}", lambda v: v["ran"], "the background task", timeout=3)
+    poll_json(client, f"/background/{tag}", lambda v: v["ran"], "the background task")
 
 
 def test_upload_file(client):

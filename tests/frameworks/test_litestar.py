@@ -47,7 +47,7 @@ def test_large_file_response_and_its_background_task(client, data, name):
     assert r.headers["content-length"] == str(f.size)
     assert r.headers["content-disposition"] == f'attachment; filename="{name}"'
     assert sha256(r.content) == f.sha256
-    poll_json(client, "/events", lambda v: f"background {tag}" in v, f"the background task after {name}", timeout=3)
+    poll_json(client, "/events", lambda v: f"background {tag}" in v, f"the background task after {name}")
 
 
 def test_websocket_listener_and_hooks(server, client):
@@ -58,7 +58,7 @@ def test_websocket_listener_and_hooks(server, client):
             msg = {"n": i, "numbers": list(range(i + 2))}
             ws.send(json.dumps(msg))
             assert json.loads(ws.recv(timeout=10)) == {"echo": msg, "sum": sum(range(i + 2))}
-    events = poll_json(client, "/events", lambda v: f"disconnect {tag}" in v, "the on_disconnect hook", timeout=3)
+    events = poll_json(client, "/events", lambda v: f"disconnect {tag}" in v, "the on_disconnect hook")
     assert events.index(f"accept {tag}") < events.index(f"disconnect {tag}")
 
 
@@ -78,5 +78,5 @@ def test_a_stream_stops_when_the_client_leaves(server, client):
         c.send(f"GET /slow-stream/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         c.read_until(b"chunk 2")
         sent = client.get(f"/slow-stream-state/{key}").json()["sent"]
-    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop", timeout=5)
+    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop")
     assert st["sent"] <= sent + 1, (sent, st)

@@ -103,5 +103,5 @@ def test_a_stream_stops_when_the_client_leaves(server, client):
         c.send(f"GET /slow-stream/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         c.read_until(b"chunk 2")
         sent = client.get(f"/slow-stream-state/{key}").json()["sent"]
-    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop", timeout=5)
+    st = poll_json(client, f"/slow-stream-state/{key}", lambda v: v["stopped"], "the stream to stop")
     assert st["sent"] <= sent + 1, (sent, st)
