@@ -566,8 +566,13 @@ async fn request(
     // task's box on every request).
     // In a block: the app's futures end before the response is written,
     // so their bytes and `respond`'s share one place in the task's state.
+    // The service's future (3.2 KB) in a box of its own: with it inline
+    // this task's state was 7.3 KB, past jemalloc's 4 KiB fast-path limit
+    // (both boxes are now at most 4 KiB: no slow-path malloc or free per
+    // request; bench/NOTES.md, entry 91).
     let resp = {
-        let handle = pin!(super::dispatch::handle(req, Arc::clone(&ctx)));
+        let mut handle = Box::pin(super::dispatch::handle(req, Arc::clone(&ctx)));
+        let handle = handle.as_mut();
         let service = pin!(deadline::watched(handle, &ctx, &t));
         // Interim responses go out while the service runs.
         tokio::select! {
