@@ -575,6 +575,59 @@ def test_5_2_goaway_on_drain_names_a_request_stream_and_later_requests_are_rejec
         assert f"/?after={gid} HTTP/3.0" not in s.logs()
 
 
+def test_5_2_a_request_the_goaway_allows_sent_as_the_drained_connection_goes_idle_is_not_lost(pki):  # noqa: F811
+    """§5.2: a request below the GOAWAY's id "might have been processed"
+    until the client learns otherwise, so the server must not close the
+    connection over it. The client sends the one request the drain's
+    GOAWAY allows just after the connection has been idle for the drain's
+    1 s (it read nothing meanwhile, as a pooled connection or a slow
+    network does): it gets a response, or H3_REQUEST_REJECTED after a
+    final GOAWAY naming that stream, never a close that drops it (issue
+    21: the trial's connection reset ~2 s after a HUP)."""
+    with h3_skirr(pki, "apps.probe:app") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with raw_h3(s.port) as c:
+                assert (await c.get("/")).status == 200
+                s.send_signal(signal.SIGTERM)
+
+                def goaways():
+                    got = c.server_uni(CONTROL)
+                    return [Buffer(data=p).pull_uint_var() for t, p in (got[1] if got else []) if t == GOAWAY]
+
+                gid = (await c.until(goaways, what="GOAWAY"))[0]
+                # Deaf for longer than the drain's idle second: what the
+                # server sends meanwhile is not read (dropped, then
+                # retransmitted by the server's QUIC).
+                c.datagram_received = lambda data, addr: None
+                await asyncio.sleep(1.3)
+                sid = c.request("POST", "/echo", body=b"late" * 100)
+                del c.datagram_received
+                try:
+                    r = await c.answer(sid, timeout=5)
+                except TimeoutError:
+                    r = None
+                if r is not None and not r.status:
+                    # The final GOAWAY, resent once the client reads again.
+                    await c.until(lambda: len(goaways()) > 1 or c.terminated, timeout=5, what="final GOAWAY")
+                return gid, sid, r, goaways(), c.terminated
+
+        gid, sid, r, ids, terminated = run(go())
+        assert sid == gid - 4, (gid, sid)
+        assert r is not None and not (terminated and r.status == 0 and r.reset is None), (
+            f"request {sid} lost: {r}, close {terminated}, GOAWAYs {ids}"
+        )
+        if r.status:
+            assert (r.status, r.body) == (200, b"late" * 100)
+        else:
+            # Rejected: not processed, and the final GOAWAY says so.
+            assert H3_REQUEST_REJECTED in (r.reset, r.stop), r
+            assert ids == [gid, sid], ids
+            assert "/echo HTTP/3.0" not in s.logs()
+        assert s.wait(10) == 0
+
+
 # --- RFC 9204 QPACK -------------------------------------------------------------
 
 

@@ -397,13 +397,28 @@ async fn order_past(member: &Member<'_>, than: Order) -> Order {
     .await
 }
 
-/// Closes the connection after its GOAWAY: at once when the client has
-/// closed it, else after [`DRAIN_IDLE`], so the last responses' packets
-/// are acknowledged before CONNECTION_CLOSE discards what is unsent.
+/// Closes the connection after its final GOAWAY ([`final_goaway`]): at
+/// once when the client has closed it, else after [`DRAIN_IDLE`], so the
+/// GOAWAY and the last responses' packets are acknowledged before
+/// CONNECTION_CLOSE discards what is unsent.
 async fn close_after_goaway(h3c: &mut H3Conn, qconn: &quinn::Connection) {
-    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
+    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(1)).await;
     let _ = tokio::time::timeout(DRAIN_IDLE, qconn.closed()).await;
     qconn.close(quinn::VarInt::from_u32(0x100), b"");
+}
+
+/// Sends the GOAWAY that precedes the close (RFC 9114 §5.2, the second
+/// of the two HTTP/2 describes in RFC 9113 §6.8): it names the first
+/// request stream not accepted, one past `seen` (the last h3 handed
+/// over), so the client knows that every request it sent from there on
+/// was not processed and may be retried, and that every one below it was
+/// answered. h3's `shutdown(n)` names the stream `n` past its last, and
+/// sends nothing unless that is below the id already sent (§5.2: it must
+/// not grow). Returns the id in force (`sent` or the new one, the lower).
+async fn final_goaway(h3c: &mut H3Conn, seen: Option<u64>, sent: Option<u64>) -> u64 {
+    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(1)).await;
+    let next = seen.map_or(0, |s| s + 4);
+    sent.map_or(next, |g| g.min(next))
 }
 
 /// Accepts request streams until the connection ends; see the module docs
@@ -412,6 +427,10 @@ async fn close_after_goaway(h3c: &mut H3Conn, qconn: &quinn::Connection) {
 /// A drain sends GOAWAY allowing one more request, which the client may
 /// have in flight: requests are still accepted until none has been open
 /// for [`DRAIN_IDLE`], so that it is served rather than lost in the close.
+/// Then a final GOAWAY names the first stream not accepted; streams from
+/// it on are rejected, and the connection closes when the client closes
+/// it or [`DRAIN_IDLE`] later: a request the client sent as the connection
+/// went idle is rejected (the client may retry it), not lost in the close.
 async fn drive(
     h3c: &mut H3Conn,
     qconn: &quinn::Connection,
@@ -424,17 +443,25 @@ async fn drive(
     let keepalive = ctx.shared.config.keepalive_timeout;
     let mut draining = false;
     let mut accepting = true;
-    // The last request stream accepted, and the id our GOAWAY named.
-    let (mut last, mut goaway): (Option<u64>, Option<u64>) = (None, None);
+    // The final GOAWAY is out: the connection closes when next idle.
+    let mut closing = false;
+    // The last request stream accepted, the last h3 handed over (rejected
+    // ones too), and the id our GOAWAY named.
+    let (mut last, mut seen, mut goaway): (Option<u64>, Option<u64>, Option<u64>) =
+        (None, None, None);
     loop {
         let open = streams.open.load(Ordering::Relaxed);
-        if draining && open == 0 && !accepting {
+        if (draining || closing) && open == 0 && !accepting {
             close_after_goaway(h3c, qconn).await;
             return "drained";
         }
         let idle_left = (open == 0).then(|| {
             let since = streams.since_ms.load(Ordering::Relaxed);
-            let idle = if draining { DRAIN_IDLE } else { keepalive };
+            let idle = if draining || closing {
+                DRAIN_IDLE
+            } else {
+                keepalive
+            };
             let due = since + idle.as_millis() as u64;
             Duration::from_millis(due.saturating_sub(clock_ms()))
         });
@@ -442,6 +469,7 @@ async fn drive(
             r = h3c.accept(), if accepting => match r {
                 Ok(Some(resolver)) => {
                     let id = resolver.frame_stream.id().into_inner();
+                    seen = Some(id);
                     if goaway.is_some_and(|g| id >= g) {
                         reject(resolver);
                         continue;
@@ -455,7 +483,7 @@ async fn drive(
                     tracker.spawn(fut);
                 }
                 // After our GOAWAY: no more requests; the open ones finish.
-                Ok(None) if draining => accepting = false,
+                Ok(None) if draining || closing => accepting = false,
                 Ok(None) => return "closed by the client",
                 Err(e) if e.is_h3_no_error() => return "closed",
                 Err(e) => {
@@ -470,7 +498,9 @@ async fn drive(
                     draining = true;
                     streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
-                    goaway = Some(last.map_or(0, |l| l + 4 * GOAWAY_ALLOWS as u64));
+                    // Never above a final GOAWAY's id (§5.2: it must not grow).
+                    let allows = last.map_or(0, |l| l + 4 * GOAWAY_ALLOWS as u64);
+                    goaway = Some(goaway.map_or(allows, |g| g.min(allows)));
                     let _ = h3c.shutdown(GOAWAY_ALLOWS).await;
                 } else {
                     qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
@@ -479,14 +509,17 @@ async fn drive(
             }
             _ = streams.closed.notified(), if open > 0 => {}
             _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() => {
-                if draining {
-                    // Every response was sent a while ago: close now.
-                    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
+                let why = if draining { "drained" } else { "keep-alive idle timeout" };
+                if closing {
+                    // The final GOAWAY went out a while ago.
                     qconn.close(quinn::VarInt::from_u32(0x100), b"");
-                    return "drained";
+                    return why;
                 }
-                close_after_goaway(h3c, qconn).await;
-                return "keep-alive idle timeout";
+                // Every response was sent a while ago; a request still
+                // coming is at or past the final GOAWAY: rejected.
+                goaway = Some(final_goaway(h3c, seen, goaway).await);
+                closing = true;
+                streams.since_ms.store(clock_ms(), Ordering::Relaxed);
             }
         }
     }
