@@ -27,7 +27,8 @@
 //! no request for `keepalive_timeout` is closed (GOAWAY, then
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
-//! Drain: GOAWAY, the open streams finish, then the connection closes.
+//! Drain: GOAWAY, the open streams finish, a final GOAWAY (see [`drive`]),
+//! then the connection closes.
 //! A request stream whose HEADERS frame does not complete within
 //! `header_read_timeout` (`drain_grace` once the connection drains) is
 //! reset (H3_REQUEST_REJECTED), that stream only.
