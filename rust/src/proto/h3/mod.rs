@@ -425,13 +425,14 @@ async fn final_goaway(h3c: &mut H3Conn, seen: Option<u64>, sent: Option<u64>) ->
 /// Accepts request streams until the connection ends; see the module docs
 /// for idle and drain. Returns why it ended.
 ///
-/// A drain sends GOAWAY allowing one more request, which the client may
-/// have in flight: requests are still accepted until none has been open
-/// for [`DRAIN_IDLE`], so that it is served rather than lost in the close.
+/// A drain sends GOAWAY allowing every request the client may have in
+/// flight: requests are still accepted for [`DRAIN_IDLE`] (or until none
+/// has been open that long), so that they are served rather than lost.
 /// Then a final GOAWAY names the first stream not accepted; streams from
-/// it on are rejected, and the connection closes when the client closes
-/// it or [`DRAIN_IDLE`] later: a request the client sent as the connection
-/// went idle is rejected (the client may retry it), not lost in the close.
+/// it on are rejected, and the connection closes once none has been open
+/// for [`DRAIN_IDLE`] or when the client closes it: a request the client
+/// sent as the connection went idle is rejected (the client may retry
+/// it), not lost in the close.
 async fn drive(
     h3c: &mut H3Conn,
     qconn: &quinn::Connection,
@@ -444,8 +445,10 @@ async fn drive(
     let keepalive = ctx.shared.config.keepalive_timeout;
     let mut draining = false;
     let mut accepting = true;
-    // The final GOAWAY is out: the connection closes when next idle.
+    // The final GOAWAY is out: the connection closes when next idle. It
+    // goes out when idle, or at this time after a drain's first GOAWAY.
     let mut closing = false;
+    let mut final_at: Option<tokio::time::Instant> = None;
     // The last request stream accepted, the last h3 handed over (rejected
     // ones too), and the id our GOAWAY named.
     let (mut last, mut seen, mut goaway): (Option<u64>, Option<u64>, Option<u64>) =
@@ -494,21 +497,29 @@ async fn drive(
             },
             o = order_past(member, if draining { Order::Drain } else { Order::Serve }) => {
                 if o == Order::Drain {
-                    // GOAWAY: requests already sent finish, and one more
-                    // that may be in flight (see `GOAWAY_ALLOWS`).
+                    // GOAWAY: requests already sent finish, and those in
+                    // flight (see `GOAWAY_ALLOWS_ALL`) until the final one.
                     draining = true;
                     streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
+                    final_at = Some(tokio::time::Instant::now() + DRAIN_IDLE);
                     // Never above a final GOAWAY's id (§5.2: it must not grow).
-                    let allows = last.map_or(0, |l| l + 4 * GOAWAY_ALLOWS as u64);
+                    let allows = last.map_or(0, |_| u64::MAX);
                     goaway = Some(goaway.map_or(allows, |g| g.min(allows)));
-                    let _ = h3c.shutdown(GOAWAY_ALLOWS).await;
+                    let _ = h3c.shutdown(GOAWAY_ALLOWS_ALL).await;
                 } else {
                     qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
                     return "server stop";
                 }
             }
             _ = streams.closed.notified(), if open > 0 => {}
+            // A client still opening streams a second after the GOAWAY.
+            _ = tokio::time::sleep_until(final_at.unwrap_or_else(tokio::time::Instant::now)),
+                if final_at.is_some() && !closing => {
+                goaway = Some(final_goaway(h3c, seen, goaway).await);
+                closing = true;
+                streams.since_ms.store(clock_ms(), Ordering::Relaxed);
+            }
             _ = tokio::time::sleep(idle_left.unwrap_or_default()), if idle_left.is_some() => {
                 let why = if draining { "drained" } else { "keep-alive idle timeout" };
                 if closing {
@@ -527,12 +538,13 @@ async fn drive(
 }
 
 /// h3 0.0.8's `shutdown(n)` names, in its GOAWAY, the stream `n` past the
-/// last one accepted (stream 0 if none was), but goes on accepting the
-/// stream it named, which RFC 9114 §5.2 says was not processed (the client
-/// may retry it elsewhere). So Skirr asks for 2 and rejects the named
-/// stream and those above it itself ([`reject`]): the one stream between
-/// is the request the client may have had in flight.
-const GOAWAY_ALLOWS: usize = 2;
+/// last one accepted (stream 0 if none was), capped at the largest stream
+/// ID (2^62-4). The drain's first GOAWAY asks for the cap: every request
+/// the client sent before it read the GOAWAY is served, however many it
+/// multiplexes (RFC 9113 §6.8's first step; with the stream after the last
+/// one accepted, a client with several requests in flight had all but one
+/// rejected). The final GOAWAY ([`final_goaway`]) follows.
+const GOAWAY_ALLOWS_ALL: usize = usize::MAX;
 
 /// Refuses a request stream at or above our GOAWAY's id (RFC 9114 §5.2,
 /// §4.1.1): H3_REQUEST_REJECTED both ways, the app is not called, and the
