@@ -449,6 +449,8 @@ async fn drive(
     // goes out when idle, or at this time after a drain's first GOAWAY.
     let mut closing = false;
     let mut final_at: Option<tokio::time::Instant> = None;
+    // The drain's first GOAWAY waits for a first request.
+    let mut first_goaway = false;
     // The last request stream accepted, the last h3 handed over (rejected
     // ones too), and the id our GOAWAY named.
     let (mut last, mut seen, mut goaway): (Option<u64>, Option<u64>, Option<u64>) =
@@ -485,6 +487,9 @@ async fn drive(
                     // (into spawn, then into the task cell); a box is 8 bytes.
                     let fut = Box::pin(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
                     tracker.spawn(fut);
+                    if std::mem::take(&mut first_goaway) && !closing {
+                        let _ = h3c.shutdown(GOAWAY_ALLOWS_ALL).await;
+                    }
                 }
                 // After our GOAWAY: no more requests; the open ones finish.
                 Ok(None) if draining || closing => accepting = false,
@@ -503,10 +508,13 @@ async fn drive(
                     streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
                     final_at = Some(tokio::time::Instant::now() + DRAIN_IDLE);
-                    // Never above a final GOAWAY's id (§5.2: it must not grow).
-                    let allows = last.map_or(0, |_| u64::MAX);
-                    goaway = Some(goaway.map_or(allows, |g| g.min(allows)));
-                    let _ = h3c.shutdown(GOAWAY_ALLOWS_ALL).await;
+                    // With no request accepted yet, h3 can only name
+                    // stream 0, rejecting the client's first request: the
+                    // GOAWAY waits for one (or the final GOAWAY).
+                    first_goaway = last.is_none();
+                    if !first_goaway {
+                        let _ = h3c.shutdown(GOAWAY_ALLOWS_ALL).await;
+                    }
                 } else {
                     qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
                     return "server stop";
