@@ -27,7 +27,8 @@
 //! no request for `keepalive_timeout` is closed (GOAWAY, then
 //! CONNECTION_CLOSE H3_NO_ERROR); the QUIC idle timeout (at least 10 s,
 //! with the server's PINGs at a third of it) drops a client that vanished.
-//! Drain: GOAWAY, the open streams finish, then the connection closes.
+//! Drain: GOAWAY, the open streams finish, a final GOAWAY (see [`drive`]),
+//! then the connection closes.
 //! A request stream whose HEADERS frame does not complete within
 //! `header_read_timeout` (`drain_grace` once the connection drains) is
 //! reset (H3_REQUEST_REJECTED), that stream only.
@@ -397,21 +398,41 @@ async fn order_past(member: &Member<'_>, than: Order) -> Order {
     .await
 }
 
-/// Closes the connection after its GOAWAY: at once when the client has
-/// closed it, else after [`DRAIN_IDLE`], so the last responses' packets
-/// are acknowledged before CONNECTION_CLOSE discards what is unsent.
+/// Closes the connection after its final GOAWAY ([`final_goaway`]): at
+/// once when the client has closed it, else after [`DRAIN_IDLE`], so the
+/// GOAWAY and the last responses' packets are acknowledged before
+/// CONNECTION_CLOSE discards what is unsent.
 async fn close_after_goaway(h3c: &mut H3Conn, qconn: &quinn::Connection) {
-    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
+    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(1)).await;
     let _ = tokio::time::timeout(DRAIN_IDLE, qconn.closed()).await;
     qconn.close(quinn::VarInt::from_u32(0x100), b"");
+}
+
+/// Sends the GOAWAY that precedes the close (RFC 9114 §5.2, the second
+/// of the two HTTP/2 describes in RFC 9113 §6.8): it names the first
+/// request stream not accepted, one past `seen` (the last h3 handed
+/// over), so the client knows that every request it sent from there on
+/// was not processed and may be retried, and that every one below it was
+/// answered. h3's `shutdown(n)` names the stream `n` past its last, and
+/// sends nothing unless that is below the id already sent (§5.2: it must
+/// not grow). Returns the id in force (`sent` or the new one, the lower).
+async fn final_goaway(h3c: &mut H3Conn, seen: Option<u64>, sent: Option<u64>) -> u64 {
+    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(1)).await;
+    let next = seen.map_or(0, |s| s + 4);
+    sent.map_or(next, |g| g.min(next))
 }
 
 /// Accepts request streams until the connection ends; see the module docs
 /// for idle and drain. Returns why it ended.
 ///
-/// A drain sends GOAWAY allowing one more request, which the client may
-/// have in flight: requests are still accepted until none has been open
-/// for [`DRAIN_IDLE`], so that it is served rather than lost in the close.
+/// A drain sends GOAWAY allowing every request the client may have in
+/// flight: requests are still accepted for [`DRAIN_IDLE`] (or until none
+/// has been open that long), so that they are served rather than lost.
+/// Then a final GOAWAY names the first stream not accepted; streams from
+/// it on are rejected, and the connection closes once none has been open
+/// for [`DRAIN_IDLE`] or when the client closes it: a request the client
+/// sent as the connection went idle is rejected (the client may retry
+/// it), not lost in the close.
 async fn drive(
     h3c: &mut H3Conn,
     qconn: &quinn::Connection,
@@ -424,17 +445,29 @@ async fn drive(
     let keepalive = ctx.shared.config.keepalive_timeout;
     let mut draining = false;
     let mut accepting = true;
-    // The last request stream accepted, and the id our GOAWAY named.
-    let (mut last, mut goaway): (Option<u64>, Option<u64>) = (None, None);
+    // The final GOAWAY is out: the connection closes when next idle. It
+    // goes out when idle, or at this time after a drain's first GOAWAY.
+    let mut closing = false;
+    let mut final_at: Option<tokio::time::Instant> = None;
+    // The drain's first GOAWAY waits for a first request.
+    let mut first_goaway = false;
+    // The last request stream accepted, the last h3 handed over (rejected
+    // ones too), and the id our GOAWAY named.
+    let (mut last, mut seen, mut goaway): (Option<u64>, Option<u64>, Option<u64>) =
+        (None, None, None);
     loop {
         let open = streams.open.load(Ordering::Relaxed);
-        if draining && open == 0 && !accepting {
+        if (draining || closing) && open == 0 && !accepting {
             close_after_goaway(h3c, qconn).await;
             return "drained";
         }
         let idle_left = (open == 0).then(|| {
             let since = streams.since_ms.load(Ordering::Relaxed);
-            let idle = if draining { DRAIN_IDLE } else { keepalive };
+            let idle = if draining || closing {
+                DRAIN_IDLE
+            } else {
+                keepalive
+            };
             let due = since + idle.as_millis() as u64;
             Duration::from_millis(due.saturating_sub(clock_ms()))
         });
@@ -442,6 +475,7 @@ async fn drive(
             r = h3c.accept(), if accepting => match r {
                 Ok(Some(resolver)) => {
                     let id = resolver.frame_stream.id().into_inner();
+                    seen = Some(id);
                     if goaway.is_some_and(|g| id >= g) {
                         reject(resolver);
                         continue;
@@ -453,9 +487,12 @@ async fn drive(
                     // (into spawn, then into the task cell); a box is 8 bytes.
                     let fut = Box::pin(request(resolver, Arc::clone(ctx), qconn.clone(), guard));
                     tracker.spawn(fut);
+                    if std::mem::take(&mut first_goaway) && !closing {
+                        let _ = h3c.shutdown(GOAWAY_ALLOWS_ALL).await;
+                    }
                 }
                 // After our GOAWAY: no more requests; the open ones finish.
-                Ok(None) if draining => accepting = false,
+                Ok(None) if draining || closing => accepting = false,
                 Ok(None) => return "closed by the client",
                 Err(e) if e.is_h3_no_error() => return "closed",
                 Err(e) => {
@@ -465,28 +502,43 @@ async fn drive(
             },
             o = order_past(member, if draining { Order::Drain } else { Order::Serve }) => {
                 if o == Order::Drain {
-                    // GOAWAY: requests already sent finish, and one more
-                    // that may be in flight (see `GOAWAY_ALLOWS`).
+                    // GOAWAY: requests already sent finish, and those in
+                    // flight (see `GOAWAY_ALLOWS_ALL`) until the final one.
                     draining = true;
                     streams.draining.cancel();
                     streams.since_ms.store(clock_ms(), Ordering::Relaxed);
-                    goaway = Some(last.map_or(0, |l| l + 4 * GOAWAY_ALLOWS as u64));
-                    let _ = h3c.shutdown(GOAWAY_ALLOWS).await;
+                    final_at = Some(tokio::time::Instant::now() + DRAIN_IDLE);
+                    // With no request accepted yet, h3 can only name
+                    // stream 0, rejecting the client's first request: the
+                    // GOAWAY waits for one (or the final GOAWAY).
+                    first_goaway = last.is_none();
+                    if !first_goaway {
+                        let _ = h3c.shutdown(GOAWAY_ALLOWS_ALL).await;
+                    }
                 } else {
                     qconn.close(quinn::VarInt::from_u32(0x100), b"server stop");
                     return "server stop";
                 }
             }
             _ = streams.closed.notified(), if open > 0 => {}
+            // A client still opening streams a second after the GOAWAY.
+            _ = sleep_until(final_at), if final_at.is_some() && !closing => {
+                goaway = Some(final_goaway(h3c, seen, goaway).await);
+                closing = true;
+                streams.since_ms.store(clock_ms(), Ordering::Relaxed);
+            }
             _ = idle_sleep(idle_left), if idle_left.is_some() => {
-                if draining {
-                    // Every response was sent a while ago: close now.
-                    let _ = tokio::time::timeout(DRAIN_IDLE, h3c.shutdown(0)).await;
+                let why = if draining { "drained" } else { "keep-alive idle timeout" };
+                if closing {
+                    // The final GOAWAY went out a while ago.
                     qconn.close(quinn::VarInt::from_u32(0x100), b"");
-                    return "drained";
+                    return why;
                 }
-                close_after_goaway(h3c, qconn).await;
-                return "keep-alive idle timeout";
+                // Every response was sent a while ago; a request still
+                // coming is at or past the final GOAWAY: rejected.
+                goaway = Some(final_goaway(h3c, seen, goaway).await);
+                closing = true;
+                streams.since_ms.store(clock_ms(), Ordering::Relaxed);
             }
         }
     }
@@ -502,13 +554,23 @@ async fn idle_sleep(d: Option<Duration>) {
     }
 }
 
+/// Sleeps until `at`, or forever if `None`; like [`idle_sleep`], its timer
+/// is made only when polled.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// h3 0.0.8's `shutdown(n)` names, in its GOAWAY, the stream `n` past the
-/// last one accepted (stream 0 if none was), but goes on accepting the
-/// stream it named, which RFC 9114 §5.2 says was not processed (the client
-/// may retry it elsewhere). So Skirr asks for 2 and rejects the named
-/// stream and those above it itself ([`reject`]): the one stream between
-/// is the request the client may have had in flight.
-const GOAWAY_ALLOWS: usize = 2;
+/// last one accepted (stream 0 if none was), capped at the largest stream
+/// ID (2^62-4). The drain's first GOAWAY asks for the cap: every request
+/// the client sent before it read the GOAWAY is served, however many it
+/// multiplexes (RFC 9113 §6.8's first step; with the stream after the last
+/// one accepted, a client with several requests in flight had all but one
+/// rejected). The final GOAWAY ([`final_goaway`]) follows.
+const GOAWAY_ALLOWS_ALL: usize = usize::MAX;
 
 /// Refuses a request stream at or above our GOAWAY's id (RFC 9114 §5.2,
 /// §4.1.1): H3_REQUEST_REJECTED both ways, the app is not called, and the
