@@ -109,6 +109,9 @@ SERVERS = {
     # Issue 22's one-thread mode (not in DEFAULT_SERVERS): `loop_mode single`.
     "skirr-single": "{py} -m skirr {app} --port {port} --no-access-log --lifespan off --loop-mode single",
     "skirr-gunicorn-single": "{bin}/gunicorn -k skirr.RustWorker -w 1 -b 127.0.0.1:{port} --log-level warning {app}",
+    # `loop_mode dual` on asyncio's own loop (what `single` runs on), for
+    # the two modes compared on one loop.
+    "skirr-asyncio": "{py} -m skirr {app} --port {port} --no-access-log --lifespan off --loop-mode dual --loop asyncio",
 }
 
 # Environment a server entry needs beyond its command line.
@@ -120,6 +123,8 @@ SERVER_ENV = {"skirr-gunicorn-single": {"SKIRR_LOOP_MODE": "single"}}
 # h2c; its HTTP/2 cells say why.
 H2 = {
     "skirr": " --http2",
+    "skirr-single": " --http2",
+    "skirr-asyncio": " --http2",
     "skirr-gunicorn": " --http-protocols h2,h1 --http2-cleartext prior-knowledge",
     "gunicorn-asgi": " --http-protocols h2,h1 --http2-cleartext prior-knowledge",
     "granian": "",  # --http auto (the default): HTTP/2 preface or HTTP/1.1
@@ -504,7 +509,7 @@ def start_server(
     if websockets:
         tmpl = tmpl.replace(" --no-ws", "")
     app = w.app
-    py = SKIRR_PY if name in ("skirr", "skirr-single") and SKIRR_PY else venv / "bin" / "python"
+    py = SKIRR_PY if name in ("skirr", "skirr-single", "skirr-asyncio") and SKIRR_PY else venv / "bin" / "python"
     cmd = tmpl.format(py=py, bin=venv / "bin", app=app, port=port, root=ROOT)
     env = dict(os.environ, PYTHONPATH=str(ROOT), **SERVER_ENV.get(name, {}), **(env or {}))
     return subprocess.Popen(
@@ -854,6 +859,7 @@ IDLE_EXTRA = {
     "skirr-gunicorn": " --worker-connections 20000 --keep-alive 30",
     "skirr-gunicorn-reuseport": " --worker-connections 20000 --keep-alive 30",
     "skirr-single": " --keepalive-timeout 30",
+    "skirr-asyncio": " --keepalive-timeout 30",
     "skirr-gunicorn-single": " --worker-connections 20000 --keep-alive 30",
     "uvicorn": " --timeout-keep-alive 30",
     "uvicorn-worker": " --worker-connections 20000 --keep-alive 30",

@@ -7,6 +7,7 @@ the rest of the suite runs in single mode with ``SKIRR_LOOP_MODE=single``."""
 from __future__ import annotations
 
 import json
+import select
 import threading
 
 import pytest
@@ -32,7 +33,8 @@ def single():
 def test_single_mode_runs_one_thread_with_tokio_in_the_selector(single):
     info = get_json(single.port, "/info")
     assert info["thread"] == "MainThread"
-    assert info["os_threads"] == 1
+    # The stand-in only runs Tokio while the app keeps this thread away.
+    assert info["thread_names"] == ["skirr-stand-in"]
     assert info["selector"] == "TokioSelector"
     assert "SelectorEventLoop" in "".join(info["loop"])
     assert info["task"] == "Task"
@@ -124,17 +126,62 @@ def test_uvloop_asked_for_falls_back_to_dual_with_a_warning():
         assert "running loop_mode dual" in s.logs()
 
 
+def test_stand_in_serves_while_the_app_blocks_the_loop():
+    # The loop's thread sleeps in the app for 4 s; meanwhile the stand-in
+    # thread runs Tokio: the health path is answered on an open connection
+    # (new ones wait: a stalled worker leaves a shared socket to the other
+    # workers), and once the loop has not turned for loop_stall_timeout it
+    # says so; a request read but not started gets the watchdog's 503; the
+    # blocked request still ends.
+    args = (*SINGLE, "--health-path", "/_health", "--loop-stall-timeout", "0.5")
+    with skirr(APP, *args) as s:
+        with RawConn(s.port, timeout=15) as blocker, RawConn(s.port, timeout=5) as probe, RawConn(s.port) as queued:
+
+            def health() -> tuple:
+                probe.send(b"GET /_health HTTP/1.1\r\nHost: x\r\n\r\n")
+                r = probe.read_response()
+                return r.status, json.loads(r.body)["status"]
+
+            assert health() == (200, "ok")
+            blocker.send(b"GET /block?4 HTTP/1.1\r\nHost: x\r\n\r\n")
+            wait_until(lambda: health() == (503, "loop stalled"), timeout=3, what="health to see the stall")
+            queued.send(b"GET /pid HTTP/1.1\r\nHost: x\r\n\r\n")
+            r = queued.read_response()
+            assert (r.status, r.header("retry-after")) == (503, "1")
+            # All of that was answered while the app still blocked.
+            ready, _, _ = select.select([blocker.sock], [], [], 0)
+            assert not ready, "the blocked request ended too soon for this test"
+            assert blocker.read_response().body == b"blocked"
+        wait_until(lambda: request(s.port, "GET", "/_health").status == 200, what="health back to ok")
+        assert request(s.port, "GET", "/pid").status == 200
+        assert s.stop() == 0
+        assert "the stand-in thread ran Tokio" in s.logs()
+
+
 def test_gunicorn_heartbeat_keeps_a_long_request_alive():
     with gunicorn(APP, "-w", "1", "--timeout", "2", env={"SKIRR_LOOP_MODE": "single", "SKIRR_LOOP": "asyncio"}) as g:
         before = int(request(g.port, "GET", "/pid").body)
-        assert get_json(g.port, "/info")["os_threads"] == 1
+        assert get_json(g.port, "/info")["thread_names"] == ["skirr-stand-in"]
         r = request(g.port, "GET", "/sleep?4")
         assert r.status == 200 and r.body == b"slept"
         assert int(request(g.port, "GET", "/pid").body) == before
 
 
-def test_gunicorn_timeout_replaces_a_worker_whose_loop_blocks():
-    with gunicorn(APP, "-w", "1", "--timeout", "2", env={"SKIRR_LOOP_MODE": "single", "SKIRR_LOOP": "asyncio"}) as g:
+ABORT_HOOK = """
+import os
+def worker_abort(worker):
+    with open(os.environ["HOOK_LOG"], "a") as f:
+        f.write(f"worker_abort {worker.pid}\\n")
+"""
+
+
+def test_gunicorn_timeout_replaces_a_worker_whose_loop_blocks(tmp_path):
+    # Gunicorn's SIGABRT reaches both Python's handler (the blocked thread)
+    # and Tokio's (on the stand-in): worker_abort runs once.
+    conf, log = tmp_path / "conf.py", tmp_path / "hooks.log"
+    conf.write_text(ABORT_HOOK)
+    env = {"SKIRR_LOOP_MODE": "single", "SKIRR_LOOP": "asyncio", "HOOK_LOG": str(log)}
+    with gunicorn(APP, "-w", "1", "--timeout", "2", "-c", str(conf), env=env) as g:
         before = int(request(g.port, "GET", "/pid").body)
         with RawConn(g.port, timeout=15) as c:
             c.send(b"GET /block?30 HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -142,3 +189,4 @@ def test_gunicorn_timeout_replaces_a_worker_whose_loop_blocks():
         after = wait_until(lambda: int(request(g.port, "GET", "/pid").body), timeout=15, what="a new worker")
         assert after != before
         assert "WORKER TIMEOUT" in g.logs()
+        assert log.read_text().splitlines() == [f"worker_abort {before}"]

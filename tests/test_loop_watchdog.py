@@ -13,12 +13,21 @@ import threading
 import time
 
 import pytest
-from harness import PY, SINGLE_MODE, RawConn, gunicorn, request, skirr, start, wait_until, worker_pids
-
-pytestmark = pytest.mark.skipif(SINGLE_MODE, reason="loop_mode single has no loop watchdog: Tokio blocks with the loop")
+from harness import PY, RawConn, gunicorn, request, skirr, start, wait_until, worker_pids
 
 APP = "apps.probe:app"
 STALL = {"SKIRR_LOOP_STALL_TIMEOUT": "0.5"}
+#: Both loop modes: in ``single`` the stand-in thread runs Tokio while the
+#: app blocks the loop's thread (rust/src/server/single.rs).
+MODES = {
+    "dual": {"SKIRR_LOOP_MODE": "dual"},
+    "single": {"SKIRR_LOOP_MODE": "single", "SKIRR_LOOP": "asyncio"},
+}
+
+
+@pytest.fixture(params=sorted(MODES))
+def mode(request) -> dict:
+    return MODES[request.param]
 
 
 def free_port() -> int:
@@ -83,10 +92,10 @@ def blocked_worker_run(port: int, master: int) -> dict:
     return check_all_answered(results)
 
 
-def test_shared_socket_a_blocked_worker_leaves_connections_to_the_other():
+def test_shared_socket_a_blocked_worker_leaves_connections_to_the_other(mode):
     # Before the watchdog: the blocked worker kept accepting, and every
     # connection it took died when Gunicorn killed it (empty replies).
-    with gunicorn(APP, "-w", "2", "--timeout", "3", env=STALL) as g:
+    with gunicorn(APP, "-w", "2", "--timeout", "3", env={**STALL, **mode}) as g:
         counts = blocked_worker_run(g.port, g.proc.pid)
         assert counts.get(200, 0) >= 20, counts
         assert "WORKER TIMEOUT" in g.logs()
@@ -108,12 +117,12 @@ def test_reuse_port_a_blocked_worker_answers_503_on_its_own_socket():
         g.stop(timeout=15)
 
 
-def test_requests_read_but_not_started_get_503_and_accepting_resumes():
+def test_requests_read_but_not_started_get_503_and_accepting_resumes(mode):
     # The queued request must be read while the loop is blocked but before
     # the stall is seen (from then on the shared socket is not accepted
     # and the request would wait for the loop): a 2 s stall timeout gives
     # a loaded machine that long to send and read it (0.5 s did not).
-    with skirr(APP, env={"SKIRR_LOOP_STALL_TIMEOUT": "2"}) as s:
+    with skirr(APP, env={"SKIRR_LOOP_STALL_TIMEOUT": "2", **mode}) as s:
         with RawConn(s.port, timeout=15) as blocker, RawConn(s.port, timeout=15) as queued:
             blocker.send(b"GET /block?secs=4 HTTP/1.1\r\nHost: x\r\n\r\n")
             time.sleep(0.2)  # the loop is blocked from here on (or takes both requests in one batch)
@@ -131,8 +140,8 @@ def test_requests_read_but_not_started_get_503_and_accepting_resumes():
         assert "the event loop has not run for" in s.logs()
 
 
-def test_watchdog_off_serves_the_queued_request_late():
-    with skirr(APP, env={"SKIRR_LOOP_STALL_TIMEOUT": "0"}) as s:
+def test_watchdog_off_serves_the_queued_request_late(mode):
+    with skirr(APP, env={"SKIRR_LOOP_STALL_TIMEOUT": "0", **mode}) as s:
         with RawConn(s.port, timeout=15) as blocker, RawConn(s.port, timeout=15) as queued:
             blocker.send(b"GET /block?secs=1.5 HTTP/1.1\r\nHost: x\r\n\r\n")
             time.sleep(0.1)

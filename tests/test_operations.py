@@ -11,7 +11,7 @@ import subprocess
 import threading
 
 import pytest
-from harness import PY, ROOT, SINGLE_MODE, RawConn, gunicorn, request, skirr, wait_until
+from harness import PY, ROOT, RawConn, gunicorn, request, skirr, wait_until
 
 APP = "apps.probe:app"
 HEALTH = {"SKIRR_HEALTH_PATH": "/_health"}
@@ -131,9 +131,12 @@ def _sleeping(port: int) -> bool:
         return c.read_response().status == 503
 
 
-@pytest.mark.skipif(SINGLE_MODE, reason="loop_mode single: a blocked loop blocks the health path too")
-def test_health_turns_503_while_the_loop_is_blocked_under_gunicorn():
-    env = {**HEALTH, "SKIRR_LOOP_STALL_TIMEOUT": "0.5"}
+@pytest.mark.parametrize("loop_mode", ["dual", "single"])
+def test_health_turns_503_while_the_loop_is_blocked_under_gunicorn(loop_mode):
+    # single: the stand-in thread answers while the loop's thread blocks.
+    env = {**HEALTH, "SKIRR_LOOP_STALL_TIMEOUT": "0.5", "SKIRR_LOOP_MODE": loop_mode}
+    if loop_mode == "single":
+        env["SKIRR_LOOP"] = "asyncio"
     with gunicorn(APP, "-w", "1", "--timeout", "30", env=env) as g:
         with RawConn(g.port, timeout=15) as probe, RawConn(g.port, timeout=15) as blocker:
             def ask():

@@ -266,7 +266,7 @@ OPTIONS: tuple[Option, ...] = (
         "dual",
         _choice("dual", "single"),
         "dual: Tokio's I/O on one thread, the asyncio loop on another; single: both on one thread (asyncio's"
-        " selector loop runs Tokio; no uvloop, no loop watchdog)",
+        " selector loop runs Tokio, a stand-in thread runs it while the app blocks the loop; no uvloop)",
     ),
     Option(
         "lifespan",

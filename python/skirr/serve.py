@@ -7,10 +7,12 @@ then: after fork, never in a master. Two shapes (``loop_mode``):
 * ``dual`` (default): the loop runs in its own thread, and ``Server.serve``
   blocks the calling thread (without the GIL), running Tokio, until the
   server stops.
-* ``single``: one thread. The loop is asyncio's ``SelectorEventLoop`` with a
-  :class:`TokioSelector`, whose ``select()`` runs the Tokio runtime
-  (``Server.turn``) until a Python fd is ready, requests wait for the app, or
-  the timeout passes (rust/src/server/single.rs).
+* ``single``: one thread does the work. The loop is asyncio's
+  ``SelectorEventLoop`` with a :class:`TokioSelector`, whose ``select()`` runs
+  the Tokio runtime (``Server.turn``) until a Python fd is ready, requests
+  wait for the app, or the timeout passes; a stand-in thread runs the
+  runtime while the app keeps this thread away from ``select()``
+  (rust/src/server/single.rs).
 """
 
 from __future__ import annotations
@@ -386,9 +388,9 @@ def _serve_single(
         signal.signal(s, _ignore)
 
     def abort(signum: int, frame: Any) -> None:
-        # Gunicorn's timeout while the app blocks the loop, hence Tokio's
-        # own SIGABRT task: Python runs this at its next bytecode (a blocking
-        # sleep is interrupted). Otherwise Tokio's task gets there first.
+        # Gunicorn's timeout while the app blocks the loop: Python runs this
+        # at its next bytecode (a blocking sleep is interrupted), and Tokio's
+        # own SIGABRT task runs on the stand-in thread; the hook runs once.
         server.call_signal_hook("SIGABRT")
         os._exit(1)
 

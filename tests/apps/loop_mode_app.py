@@ -36,6 +36,16 @@ async def websocket(scope, receive, send) -> None:
         await send({"type": "websocket.send", "text": m.get("text"), "bytes": m.get("bytes")})
 
 
+def thread_names() -> list[str]:
+    """The OS names (``comm``) of this process's threads but the main one."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != os.getpid():
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+    return names
+
+
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
         while True:
@@ -53,6 +63,7 @@ async def app(scope, receive, send):
         info = {
             "thread": threading.current_thread().name,
             "os_threads": len(os.listdir("/proc/self/task")),
+            "thread_names": sorted(thread_names()),
             "loop": [c.__name__ for c in type(loop).__mro__],
             "selector": type(getattr(loop, "_selector", None)).__name__,
             "task": type(asyncio.current_task()).__name__,

@@ -85,8 +85,8 @@ pub struct Config {
     /// `loop_mode`: `true` ("single") runs the Tokio current-thread runtime
     /// inside the asyncio loop's selector on one thread (`server::single`);
     /// `false` ("dual", the default) runs Tokio and asyncio on two threads.
-    /// Single mode has no loop watchdog (`loop_stall_timeout` reads as 0):
-    /// a blocked loop blocks the Tokio side with it.
+    /// While the app keeps the loop's thread away, a stand-in thread runs
+    /// Tokio (`server::single`), so the loop watchdog works in both modes.
     pub single_thread: bool,
     /// Request bodies with a `Content-Length` up to this many bytes are read
     /// before the app starts, so the first `receive()` completes at once.
@@ -342,9 +342,8 @@ impl Config {
             }
         }
         if c.single_thread {
-            // One thread: nothing runs while the loop is blocked, so there
-            // is nobody to watch it; one Tokio thread, the loop's own.
-            c.loop_stall_timeout = Duration::ZERO;
+            // One Tokio thread: the loop's own (or the stand-in's, while
+            // the loop is blocked).
             c.tokio_threads = 1;
         }
         if !c.drain_delay.is_zero() && c.drain_delay >= c.graceful_timeout {

@@ -361,11 +361,14 @@ impl Server {
     }
 
     /// Calls the signal hook (if set) with `name`: single mode's Python-level
-    /// SIGABRT handler, which runs while the app blocks the loop (and so
-    /// the runtime).
+    /// SIGABRT handler, which runs while the app blocks the loop (the
+    /// stand-in's Tokio handler may run it instead: then this waits for it).
     fn call_signal_hook(&self, py: Python<'_>, name: &str) {
-        let _ = py;
-        self.shared.signal_hook(name);
+        if !self.shared.signal_hook(name) {
+            // Tokio's handler runs it (single mode's stand-in): it needs
+            // the GIL this thread holds.
+            py.detach(|| self.shared.wait_abort_hook());
+        }
     }
 
     /// Sets `dispatch(signum)`, called on the loop's thread (from

@@ -119,7 +119,9 @@ fn watch_signals(shared: Arc<Worker>) -> io::Result<()> {
                 }
                 Some(()) = abrt.recv() => {
                     tracing::error!("SIGABRT (the worker timed out): exiting");
-                    shared.signal_hook("SIGABRT");
+                    if !shared.signal_hook("SIGABRT") {
+                        shared.wait_abort_hook();
+                    }
                     std::process::exit(1);
                 }
                 Some(()) = usr1.recv() => shared.queue.push(Event::ReopenLogs),

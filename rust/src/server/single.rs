@@ -22,17 +22,25 @@
 //! GIL is released during a turn (`detach`): threads of the app (e.g.
 //! `run_in_executor`) run while the loop waits, as with any selector.
 //!
-//! What this mode gives up: while the app blocks the loop, nothing of
-//! Tokio runs either — no accepting, no health path, no timeouts or pings,
-//! no loop watchdog (`loop_stall_timeout` is off in this mode).
+//! A stand-in thread ([`StandIn`]) covers for the loop's thread while the
+//! app keeps it out of the runtime (a blocking call in an async view, a
+//! long CPU-bound step): it checks every [`STAND_IN_CHECK`] and, once the
+//! thread has not entered a turn for a whole check, runs the runtime itself
+//! (`block_on` on a current-thread runtime takes its core when nobody holds
+//! it) until the next turn begins. So accepting, the health path, timeouts,
+//! pings and the loop watchdog go on as in dual mode. It takes no GIL, and
+//! normally only wakes to look at two atomics.
 
 use std::future::{poll_fn, Future};
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
+use std::thread::JoinHandle as ThreadHandle;
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -49,10 +57,127 @@ pub(crate) const FDS: u8 = 2;
 /// The server's main task ended: the loop should stop.
 pub(crate) const FINISHED: u8 = 4;
 
+/// How often the stand-in looks at the loop's thread; a thread out of the
+/// runtime for one to two of these is covered for. 100 ms: the health path
+/// answers within ~0.2 s of a block, for ten wakes a second of an idle
+/// thread.
+pub(crate) const STAND_IN_CHECK: Duration = Duration::from_millis(100);
+
+/// The loop thread's turns, as the stand-in sees them.
+#[derive(Default)]
+struct Turns {
+    /// The loop's thread is in a turn (or waiting for the stand-in to hand
+    /// the runtime back).
+    inside: AtomicBool,
+    /// Turns begun: unchanged over a check while not `inside` means the
+    /// thread has been away for the whole check.
+    begun: AtomicU64,
+    /// The stand-in's `block_on`, woken when a turn begins.
+    back: AtomicWaker,
+    /// The stand-in should end (`Single::finish`).
+    stop: AtomicBool,
+    /// Times the stand-in ran the runtime (reported at exit).
+    covers: AtomicU64,
+}
+
+impl Turns {
+    /// A turn begins: the stand-in hands the runtime back.
+    fn enter(&self) {
+        self.inside.store(true, Ordering::SeqCst);
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        self.back.wake();
+    }
+
+    fn leave(&self) {
+        self.inside.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether the stand-in should give the runtime back.
+    fn wanted_back(&self) -> bool {
+        self.inside.load(Ordering::SeqCst) || self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// Leaves the turn however `turn` returns.
+struct Inside<'a>(&'a Turns);
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+/// The stand-in thread (see the module docs); stopped and joined on drop.
+struct StandIn {
+    turns: Arc<Turns>,
+    thread: Option<ThreadHandle<()>>,
+}
+
+impl StandIn {
+    /// Starts the thread (`skirr-stand-in`). Errors: the thread could not
+    /// be spawned (then single mode runs without one, as before).
+    fn start(rt: Arc<Runtime>, turns: Arc<Turns>) -> std::io::Result<Self> {
+        let t = Arc::clone(&turns);
+        let thread = std::thread::Builder::new()
+            .name("skirr-stand-in".into())
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || stand_in(&rt, &t))?;
+        Ok(Self {
+            turns,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.turns.stop.store(true, Ordering::SeqCst);
+        self.turns.back.wake();
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// The stand-in's loop: every [`STAND_IN_CHECK`], if the loop's thread has
+/// not begun a turn since the last check and is not in one, runs the
+/// runtime until a turn begins.
+fn stand_in(rt: &Runtime, turns: &Turns) {
+    let mut seen = turns.begun.load(Ordering::Relaxed);
+    loop {
+        std::thread::park_timeout(STAND_IN_CHECK);
+        if turns.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let begun = turns.begun.load(Ordering::Relaxed);
+        if begun != seen || turns.inside.load(Ordering::SeqCst) {
+            seen = begun;
+            continue;
+        }
+        turns.covers.fetch_add(1, Ordering::Relaxed);
+        rt.block_on(poll_fn(|cx| {
+            // Registered before the check: a turn that begins after it
+            // wakes this future.
+            turns.back.register(cx.waker());
+            if turns.wanted_back() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }));
+        turns.back.take();
+        seen = turns.begun.load(Ordering::Relaxed);
+    }
+}
+
 /// The runtime and the server's main task, between `Server.start` and
 /// `Server.finish`.
 pub(crate) struct Single {
-    rt: Runtime,
+    rt: Arc<Runtime>,
+    turns: Arc<Turns>,
+    /// `None` if its thread could not be spawned.
+    stand_in: Option<StandIn>,
     main: Mutex<Option<JoinHandle<Result<(), RunError>>>>,
     result: Mutex<Option<Result<(), RunError>>>,
     /// The Python selector's epoll fd and its registration with Tokio.
@@ -67,8 +192,21 @@ impl Single {
         F: Future<Output = Result<(), RunError>> + Send + 'static,
     {
         let main = rt.spawn(main);
+        let rt = Arc::new(rt);
+        let turns = Arc::new(Turns::default());
+        let stand_in = match StandIn::start(Arc::clone(&rt), Arc::clone(&turns)) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(
+                    "loop_mode single: no stand-in thread ({e}): a blocked loop blocks Tokio too"
+                );
+                None
+            }
+        };
         Self {
             rt,
+            turns,
+            stand_in,
             main: Mutex::new(Some(main)),
             result: Mutex::new(None),
             epoll: Mutex::new(None),
@@ -125,6 +263,8 @@ impl Single {
         epfd: RawFd,
         timeout: Option<Duration>,
     ) -> std::io::Result<u8> {
+        self.turns.enter();
+        let _inside = Inside(&self.turns);
         self.rt.block_on(async {
             w.wakeups.wake_pending();
             let ep = self.epoll(epfd)?;
@@ -169,6 +309,12 @@ impl Single {
     /// Ends single mode: stops the server if it still runs (quick: the loop
     /// no longer turns), lets the main task finish, shuts the runtime down.
     pub(crate) fn finish(self, w: &Worker) -> Result<(), RunError> {
+        // First: from here on this thread alone runs the runtime.
+        drop(self.stand_in);
+        let covers = self.turns.covers.load(Ordering::Relaxed);
+        if covers > 0 {
+            tracing::info!("the stand-in thread ran Tokio {covers} times while the loop was away");
+        }
         {
             let _in = self.rt.enter();
             *self.epoll.lock() = None;
@@ -184,7 +330,10 @@ impl Single {
             }));
         }
         let res = self.result.lock().take().unwrap_or(Ok(()));
-        self.rt.shutdown_timeout(Duration::from_millis(100));
+        // The stand-in's clone is gone with its thread.
+        if let Ok(rt) = Arc::try_unwrap(self.rt) {
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
         res
     }
 }

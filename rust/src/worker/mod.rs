@@ -57,6 +57,11 @@ pub(crate) struct Worker {
     /// the Tokio thread (Gunicorn's `worker_int` and `worker_abort`: the
     /// asyncio loop may be the thing that is stuck).
     pub(crate) signal_hook: std::sync::OnceLock<Py<PyAny>>,
+    /// The SIGABRT hook: 0 not run, 1 running, 2 done. In single mode both
+    /// Python's handler (on the blocked loop's thread) and Tokio's (on the
+    /// stand-in) may get there; Gunicorn's `worker_abort` runs once, and
+    /// neither exits while the other runs it.
+    abort_hook: std::sync::atomic::AtomicU8,
     /// Called once lifespan startup has succeeded, before the first
     /// accept (the standalone CLI's "listening at" line).
     pub(crate) ready_hook: std::sync::OnceLock<Py<PyAny>>,
@@ -124,6 +129,7 @@ impl Worker {
             tls,
             tls_server_cert,
             signal_hook: std::sync::OnceLock::new(),
+            abort_hook: std::sync::atomic::AtomicU8::new(0),
             ready_hook: std::sync::OnceLock::new(),
             signals: signals::Forwarding::default(),
             watchdog,
@@ -174,14 +180,36 @@ impl Worker {
         }
     }
 
-    /// Runs the signal hook, if any; its errors are logged.
-    pub(crate) fn signal_hook(&self, name: &str) {
+    /// Runs the signal hook, if any; its errors are logged. For SIGABRT,
+    /// once: returns `false` when another thread runs it (then wait with
+    /// [`Worker::wait_abort_hook`], without the GIL, before exiting).
+    pub(crate) fn signal_hook(&self, name: &str) -> bool {
+        if name == "SIGABRT"
+            && self
+                .abort_hook
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return false;
+        }
         if let Some(hook) = self.signal_hook.get() {
             Python::attach(|py| {
                 if let Err(e) = hook.call1(py, (name,)) {
                     tracing::error!("{name} hook failed: {e}");
                 }
             });
+        }
+        if name == "SIGABRT" {
+            self.abort_hook.store(2, Ordering::SeqCst);
+        }
+        true
+    }
+
+    /// Waits (up to 5 s) for the SIGABRT hook another thread runs.
+    pub(crate) fn wait_abort_hook(&self) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while self.abort_hook.load(Ordering::SeqCst) == 1 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }
