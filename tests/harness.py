@@ -8,6 +8,7 @@ slept for.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -22,10 +23,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-#: The suite runs in loop_mode single (``SKIRR_LOOP_MODE=single``): servers
-#: started here inherit it. Tests of what only two threads can do (the Tokio
-#: side answering while the app blocks the loop) skip then.
-SINGLE_MODE = os.environ.get("SKIRR_LOOP_MODE", "").strip().lower() == "single"
+_LOOP_MODE = os.environ.get("SKIRR_LOOP_MODE", "").strip().lower() or "auto"
+_LOOP = os.environ.get("SKIRR_LOOP", "").strip().lower() or "auto"
+#: Servers started here run loop_mode single: asked for
+#: (``SKIRR_LOOP_MODE=single``, which they inherit), or ``auto`` (the
+#: default) on asyncio's loop (``SKIRR_LOOP=asyncio``, or uvloop missing).
+SINGLE_MODE = _LOOP_MODE == "single" or (
+    _LOOP_MODE == "auto" and (_LOOP == "asyncio" or (_LOOP == "auto" and importlib.util.find_spec("uvloop") is None))
+)
 
 TIMEOUT = 10.0
 

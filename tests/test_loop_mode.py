@@ -118,6 +118,35 @@ def test_sigterm_stops_the_server_cleanly():
         assert "Shut down" in s.logs()
 
 
+def test_auto_runs_single_on_asyncios_loop():
+    # loop_mode auto (the default): asyncio's loop runs single mode.
+    with skirr(APP, "--loop", "asyncio", "--no-access-log") as s:
+        info = get_json(s.port, "/info")
+        assert (info["thread"], info["selector"], info["thread_names"]) == (
+            "MainThread",
+            "TokioSelector",
+            ["skirr-stand-in"],
+        )
+        assert "loop_mode" not in s.logs()  # no warning
+
+
+def test_auto_runs_dual_on_uvloop():
+    # With uvloop installed, loop auto picks it (as uvicorn does), and
+    # uvloop has no selector to run Tokio from: dual, without a warning.
+    pytest.importorskip("uvloop")
+    with skirr(APP, "--no-access-log") as s:
+        info = get_json(s.port, "/info")
+        assert info["thread"] == "skirr-asyncio"
+        assert "uvloop" in info["loop_modules"], info
+        assert "loop_mode" not in s.logs()
+
+
+def test_auto_under_gunicorn_runs_single_on_asyncios_loop():
+    with gunicorn(APP, "-w", "1", env={"SKIRR_LOOP": "asyncio"}) as g:
+        info = get_json(g.port, "/info")
+        assert (info["thread"], info["selector"]) == ("MainThread", "TokioSelector")
+
+
 def test_uvloop_asked_for_falls_back_to_dual_with_a_warning():
     pytest.importorskip("uvloop")
     with skirr(APP, "--loop-mode", "single", "--loop", "uvloop", "--no-access-log") as s:

@@ -8,12 +8,12 @@ import json
 import os
 import signal
 
-from harness import gunicorn, request, skirr, wait_until, worker_pids
+from harness import SINGLE_MODE, gunicorn, request, skirr, wait_until, worker_pids
 
 APP = "apps.signals_app:app"
 
 #: The loop's thread: its own in loop_mode dual, the main thread in single.
-LOOP = "MainThread" if os.environ.get("SKIRR_LOOP_MODE") == "single" else "skirr-asyncio"
+LOOP = "MainThread" if SINGLE_MODE else "skirr-asyncio"
 
 
 def state(port: int) -> dict:

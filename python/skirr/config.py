@@ -263,10 +263,11 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "loop_mode",
-        "dual",
-        _choice("dual", "single"),
-        "dual: Tokio's I/O on one thread, the asyncio loop on another; single: both on one thread (asyncio's"
-        " selector loop runs Tokio, a stand-in thread runs it while the app blocks the loop; no uvloop)",
+        "auto",
+        _choice("auto", "dual", "single"),
+        "auto: single unless the loop is uvloop, then dual; dual: Tokio's I/O on one thread, the asyncio loop on"
+        " another; single: both on one thread (asyncio's selector loop runs Tokio, a stand-in thread runs it while"
+        " the app blocks the loop; no uvloop)",
     ),
     Option(
         "lifespan",

@@ -4,7 +4,9 @@ It creates the asyncio loop (uvloop or asyncio) and hands the app and
 listening sockets to the Rust :class:`Server`. The Tokio runtime is built
 then: after fork, never in a master. Two shapes (``loop_mode``):
 
-* ``dual`` (default): the loop runs in its own thread, and ``Server.serve``
+``auto`` (the default) is ``single`` unless the loop is uvloop.
+
+* ``dual``: the loop runs in its own thread, and ``Server.serve``
   blocks the calling thread (without the GIL), running Tokio, until the
   server stops.
 * ``single``: one thread does the work. The loop is asyncio's
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import importlib.util
 import inspect
 import logging
 import os
@@ -221,15 +224,25 @@ class TokioSelector(selectors.EpollSelector):
         return ready
 
 
+def _uvloop_installed() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
+
+
 def _single_mode(config: dict[str, Any], loop_kind: str, log: logging.Logger) -> bool:
-    """Whether to run single mode; warns (one line) when it was asked for
-    and cannot be had: uvloop's loop has no selector to run Tokio from."""
-    if config.get("loop_mode", "dual") != "single":
+    """Whether to run single mode. ``auto`` (the default) runs it unless the
+    loop is uvloop (``loop`` uvloop, or auto with uvloop installed), whose
+    loop has no selector to run Tokio from; ``single`` asked for and not to
+    be had warns (one line)."""
+    mode = config.get("loop_mode", "auto")
+    if mode == "dual":
         return False
+    threads = int(config.get("tokio_threads", 1))
+    if mode == "auto":
+        return threads <= 1 and (loop_kind == "asyncio" or (loop_kind == "auto" and not _uvloop_installed()))
     if loop_kind == "uvloop":
         log.warning("skirr: loop_mode single needs asyncio's loop, not uvloop: running loop_mode dual")
         return False
-    if int(config.get("tokio_threads", 1)) > 1:
+    if threads > 1:
         log.warning("skirr: loop_mode single runs one thread, tokio_threads > 1: running loop_mode dual")
         return False
     return True
@@ -312,6 +325,7 @@ def serve(
     single = _single_mode(config, loop_kind, error_logger)
     selector = None
     if single:
+        config = {**config, "loop_mode": "single"}
         selector = TokioSelector()
         loop: asyncio.AbstractEventLoop = _loop_class(asyncio.SelectorEventLoop)(selector)
     else:

@@ -287,7 +287,7 @@ class RustWorker(Worker):
             early = config.resolve(
                 fallback=fallback, only=("metrics_bind", "http3", "http3_port", "loop", "loop_mode")
             )
-            if early["loop_mode"] == "dual" and early["loop"] != "asyncio":
+            if early["loop_mode"] != "single" and early["loop"] != "asyncio":
                 _preload_uvloop()
             if early["metrics_bind"]:
                 self._metrics = metrics.exposition(early["metrics_bind"], "metrics_bind", self.log)

@@ -65,6 +65,7 @@ async def app(scope, receive, send):
             "os_threads": len(os.listdir("/proc/self/task")),
             "thread_names": sorted(thread_names()),
             "loop": [c.__name__ for c in type(loop).__mro__],
+            "loop_modules": [c.__module__ for c in type(loop).__mro__],
             "selector": type(getattr(loop, "_selector", None)).__name__,
             "task": type(asyncio.current_task()).__name__,
         }

@@ -84,7 +84,9 @@ pub struct Config {
     pub tokio_threads: usize,
     /// `loop_mode`: `true` ("single") runs the Tokio current-thread runtime
     /// inside the asyncio loop's selector on one thread (`server::single`);
-    /// `false` ("dual", the default) runs Tokio and asyncio on two threads.
+    /// `false` ("dual") runs Tokio and asyncio on two threads. Python
+    /// resolves the default, "auto", to one of them (single unless the
+    /// loop is uvloop).
     /// While the app keeps the loop's thread away, a stand-in thread runs
     /// Tokio (`server::single`), so the loop watchdog works in both modes.
     pub single_thread: bool,
@@ -383,7 +385,11 @@ impl Config {
             "max_requests" => c.max_requests = count(v, key)?,
             "max_connections" => c.max_connections = count(v, key)?,
             "tokio_threads" => c.tokio_threads = count::<usize>(v, key)?.max(1),
-            "loop_mode" => c.single_thread = choice(v, key, &["dual", "single"])? == "single",
+            "loop_mode" => {
+                // Python resolves "auto" (single unless the loop is uvloop)
+                // before the server is built.
+                c.single_thread = choice(v, key, &["auto", "dual", "single"])? == "single"
+            }
             "body_prefetch" => c.body_prefetch = count(v, key)?,
             "body_chunk_size" => c.body_chunk_size = count::<usize>(v, key)?.max(1),
             "body_buffer" => c.body_buffer = count::<usize>(v, key)?.max(1),
