@@ -364,7 +364,9 @@ impl Server {
     /// SIGABRT handler, which runs while the app blocks the loop (the
     /// stand-in's Tokio handler may run it instead: then this waits for it).
     fn call_signal_hook(&self, py: Python<'_>, name: &str) {
-        if !self.shared.signal_hook(name) {
+        if name != "SIGABRT" {
+            self.shared.signal_hook(name);
+        } else if !self.shared.abort_hook_once() {
             // Tokio's handler runs it (single mode's stand-in): it needs
             // the GIL this thread holds.
             py.detach(|| self.shared.wait_abort_hook());

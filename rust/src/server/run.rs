@@ -119,7 +119,7 @@ fn watch_signals(shared: Arc<Worker>) -> io::Result<()> {
                 }
                 Some(()) = abrt.recv() => {
                     tracing::error!("SIGABRT (the worker timed out): exiting");
-                    if !shared.signal_hook("SIGABRT") {
+                    if !shared.abort_hook_once() {
                         shared.wait_abort_hook();
                     }
                     std::process::exit(1);

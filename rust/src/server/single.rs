@@ -81,15 +81,13 @@ struct Turns {
 }
 
 impl Turns {
-    /// A turn begins: the stand-in hands the runtime back.
-    fn enter(&self) {
+    /// A turn begins: the stand-in hands the runtime back. The turn ends
+    /// when the returned guard drops.
+    fn enter(&self) -> Inside<'_> {
         self.inside.store(true, Ordering::SeqCst);
         self.begun.fetch_add(1, Ordering::Relaxed);
         self.back.wake();
-    }
-
-    fn leave(&self) {
-        self.inside.store(false, Ordering::SeqCst);
+        Inside(self)
     }
 
     /// Whether the stand-in should give the runtime back.
@@ -103,7 +101,7 @@ struct Inside<'a>(&'a Turns);
 
 impl Drop for Inside<'_> {
     fn drop(&mut self) {
-        self.0.leave();
+        self.0.inside.store(false, Ordering::SeqCst);
     }
 }
 
@@ -263,8 +261,7 @@ impl Single {
         epfd: RawFd,
         timeout: Option<Duration>,
     ) -> std::io::Result<u8> {
-        self.turns.enter();
-        let _inside = Inside(&self.turns);
+        let _inside = self.turns.enter();
         self.rt.block_on(async {
             w.wakeups.wake_pending();
             let ep = self.epoll(epfd)?;
@@ -313,7 +310,7 @@ impl Single {
         drop(self.stand_in);
         let covers = self.turns.covers.load(Ordering::Relaxed);
         if covers > 0 {
-            tracing::info!("the stand-in thread ran Tokio {covers} times while the loop was away");
+            tracing::info!("the stand-in thread ran Tokio while the loop was away ({covers}x)");
         }
         {
             let _in = self.rt.enter();

@@ -180,18 +180,8 @@ impl Worker {
         }
     }
 
-    /// Runs the signal hook, if any; its errors are logged. For SIGABRT,
-    /// once: returns `false` when another thread runs it (then wait with
-    /// [`Worker::wait_abort_hook`], without the GIL, before exiting).
-    pub(crate) fn signal_hook(&self, name: &str) -> bool {
-        if name == "SIGABRT"
-            && self
-                .abort_hook
-                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-        {
-            return false;
-        }
+    /// Runs the signal hook, if any; its errors are logged.
+    pub(crate) fn signal_hook(&self, name: &str) {
         if let Some(hook) = self.signal_hook.get() {
             Python::attach(|py| {
                 if let Err(e) = hook.call1(py, (name,)) {
@@ -199,9 +189,21 @@ impl Worker {
                 }
             });
         }
-        if name == "SIGABRT" {
-            self.abort_hook.store(2, Ordering::SeqCst);
+    }
+
+    /// Runs the signal hook for SIGABRT unless another thread already does
+    /// (see `abort_hook`); `false` then: wait with
+    /// [`Worker::wait_abort_hook`], without the GIL, before exiting.
+    pub(crate) fn abort_hook_once(&self) -> bool {
+        if self
+            .abort_hook
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return false;
         }
+        self.signal_hook("SIGABRT");
+        self.abort_hook.store(2, Ordering::SeqCst);
         true
     }
 
