@@ -7,8 +7,11 @@ the rest of the suite runs in single mode with ``SKIRR_LOOP_MODE=single``."""
 from __future__ import annotations
 
 import json
+import os
 import select
+import signal
 import threading
+import time
 
 import pytest
 from harness import RawConn, gunicorn, request, skirr, wait_until
@@ -185,6 +188,79 @@ def test_stand_in_serves_while_the_app_blocks_the_loop():
         assert request(s.port, "GET", "/pid").status == 200
         assert s.stop() == 0
         assert "the stand-in thread ran Tokio" in s.logs()
+
+
+def start_blocking(s, secs: int) -> RawConn:
+    """Sends a request whose app call blocks the loop's thread for `secs`;
+    returns its connection once the health path, asked on a connection
+    opened before (a stalled worker accepts no new ones), says the loop
+    is stalled."""
+    with RawConn(s.port, timeout=5) as probe:
+        probe.send(b"GET /_health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert probe.read_response().status == 200
+        blocker = RawConn(s.port, timeout=secs + 15)
+        blocker.send(b"GET /block?%d HTTP/1.1\r\nHost: x\r\n\r\n" % secs)
+
+        def stalled() -> bool:
+            probe.send(b"GET /_health HTTP/1.1\r\nHost: x\r\n\r\n")
+            return probe.read_response().status == 503
+
+        wait_until(stalled, timeout=5, interval=0.1, what="the loop to stall")
+    return blocker
+
+
+@pytest.mark.parametrize(
+    ("mode", "sig"), [("single", signal.SIGTERM), ("single", signal.SIGINT), ("dual", signal.SIGTERM)]
+)
+def test_a_stop_with_the_loop_blocked_for_good_exits_after_five_seconds(mode, sig):
+    # The app blocks the loop's thread for 60 s; a stop signal drains on
+    # Tokio's side (the stand-in in single mode): graceful_timeout 1 s for
+    # the blocked request, lifespan_timeout 1 s for lifespan shutdown. Then
+    # the loop cannot stop: 5 s later the worker writes its last lines and
+    # exits.
+    args = ("--loop-mode", mode, "--loop", "asyncio", "--health-path", "/_health")
+    args += ("--loop-stall-timeout", "0.3", "--graceful-timeout", "1", "--lifespan-timeout", "1")
+    with skirr(APP, *args) as s:
+        with start_blocking(s, 60) as blocker:
+            t0 = time.monotonic()
+            s.proc.send_signal(sig)
+            assert blocker.is_closed(timeout=10), "the drain must close the blocked request's connection"
+            assert s.proc.wait(timeout=20) == 0
+            # Not before the loop had its 5 s to come back.
+            assert time.monotonic() - t0 > 5
+        logs = s.logs()
+        assert "the event loop did not stop within 5s of the server's end" in logs, logs
+        # Lines queued before it are written too, through Python's logging.
+        assert "graceful timeout (1s) reached: closing 1 connection(s)" in logs, logs
+
+
+def test_a_worker_blocked_for_good_exits_when_the_master_dies():
+    # Gunicorn's master is killed while its worker's app blocks the loop:
+    # the orphan's parent check stops the server on the stand-in, and the
+    # process exits 5 s later instead of outliving the master for 60 s.
+    env = {
+        "SKIRR_LOOP_MODE": "single",
+        "SKIRR_LOOP": "asyncio",
+        "SKIRR_HEALTH_PATH": "/_health",
+        "SKIRR_LOOP_STALL_TIMEOUT": "0.3",
+    }
+    with gunicorn(APP, "-w", "1", "--timeout", "120", env=env) as g:
+        worker = int(request(g.port, "GET", "/pid").body)
+        with start_blocking(g, 60):
+            os.kill(g.proc.pid, signal.SIGKILL)
+            g.wait(5)
+            wait_until(lambda: gone(worker), timeout=15, what="the orphaned worker to exit")
+        assert "the event loop did not stop within 5s" in g.logs()
+
+
+def gone(pid: int) -> bool:
+    """`pid` has exited (a zombie not yet reaped counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_gunicorn_heartbeat_keeps_a_long_request_alive():

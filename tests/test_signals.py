@@ -8,6 +8,8 @@ import json
 import os
 import signal
 
+import pytest
+from frameworks.servers import uvicorn
 from harness import SINGLE_MODE, gunicorn, request, skirr, wait_until, worker_pids
 
 APP = "apps.signals_app:app"
@@ -57,3 +59,23 @@ def test_gunicorn_worker_app_handles_sigusr2_and_gunicorns_signals_are_refused()
         (worker,) = wait_until(lambda: worker_pids(g.proc.pid), what="the worker")
         usr2_runs_the_apps_handler(g.port, worker)
         assert worker_pids(g.proc.pid) == [worker], "the worker was not replaced"
+
+
+@pytest.mark.parametrize("server", ["skirr-single", "uvicorn"])
+def test_signal_signal_in_single_mode_replaces_the_stop_handler_as_under_uvicorn(server):
+    # In single mode the app runs on the main thread, as under uvicorn: its
+    # signal.signal(SIGTERM, ...) replaces the server's handler there too.
+    # SIGTERM then runs the app's handler and the server keeps serving;
+    # SIGINT still stops it.
+    app = "apps.signal_signal_app:app"
+    if server == "uvicorn":
+        serving = uvicorn(app)
+    else:
+        serving = skirr(app, "--loop-mode", "single", "--loop", "asyncio", "--no-access-log")
+    with serving as s:
+        assert json.loads(request(s.port, "GET", "/take").body) == []
+        s.proc.send_signal(signal.SIGTERM)
+        got = wait_until(lambda: json.loads(request(s.port, "GET", "/got").body), what="the app's handler")
+        assert got == ["SIGTERM@MainThread"]
+        assert s.proc.poll() is None
+        assert s.stop(signal.SIGINT) == 0

@@ -381,7 +381,11 @@ def serve(
             loop.remove_reader(server.event_fd)
             _finish_loop(loop, server, error_logger)
         else:
-            error_logger.warning("the event loop did not stop within %ss", LOOP_JOIN_TIMEOUT)
+            server.write_queued_logs()
+            error_logger.warning(
+                "the event loop did not stop within %gs of the server's end (the app blocks its thread)",
+                LOOP_JOIN_TIMEOUT,
+            )
 
 
 def _serve_single(

@@ -17,6 +17,9 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 
+use pyo3::Python;
+
+use crate::bridge::context::LoopCtx;
 use crate::bridge::queue::{LogRecord, PyQueue};
 
 static SINK: RwLock<Option<Arc<PyQueue>>> = RwLock::new(None);
@@ -106,4 +109,16 @@ pub(crate) fn install(queue: &Arc<PyQueue>, threshold: u8) {
 /// Stops routing log lines to the queue (the asyncio loop is stopping).
 pub(crate) fn uninstall() {
     *SINK.write() = None;
+}
+
+/// Writes the log lines still queued through `loop_ctx`'s error logger,
+/// from a thread other than the asyncio one, when the loop will not drain
+/// the queue again (the app holds its thread as the worker exits). Other
+/// events stay queued.
+pub(crate) fn write_queued(py: Python<'_>, queue: &PyQueue, loop_ctx: &LoopCtx) {
+    let mut queued = Vec::new();
+    queue.take_logs(&mut queued);
+    for r in queued {
+        loop_ctx.log(py, r.level, &r.message);
+    }
 }

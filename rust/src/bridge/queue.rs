@@ -232,6 +232,21 @@ impl PyQueue {
         self.taken.lock().pop_front()
     }
 
+    /// Moves every queued log record, queued or in the batch being
+    /// handled, into `out`: for a thread other than the asyncio one that
+    /// writes a worker's last lines while the loop is stuck (single mode's
+    /// stand-in, `server::single`). Other events stay where they are.
+    pub(crate) fn take_logs(&self, out: &mut Vec<LogRecord>) {
+        self.sift(|e| match e {
+            Event::Log(record) => {
+                self.log_taken();
+                out.push(record);
+                None
+            }
+            other => Some(other),
+        });
+    }
+
     /// Moves every [refusable](Job::refusable) job (a request no app call
     /// has started for), queued or in the batch being handled, into `out`
     /// (the Tokio side, when the loop is stalled: the asyncio thread takes
@@ -239,22 +254,28 @@ impl PyQueue {
     /// or taken here, never both). Boxed as in `Event`: each may go back
     /// into the queue as its access-log line without a new allocation.
     pub(crate) fn take_unstarted(&self, out: &mut Vec<Box<dyn Job>>) {
-        let mut split = |e: Event, keep: &mut dyn FnMut(Event)| match e {
-            Event::Run(job) if job.refusable() => out.push(job),
-            other => keep(other),
-        };
+        self.sift(|e| match e {
+            Event::Run(job) if job.refusable() => {
+                out.push(job);
+                None
+            }
+            other => Some(other),
+        });
+    }
+
+    /// Passes every event, in the batch being handled and then in the
+    /// queue, to `pick`, which keeps it (returns it, order kept) or takes
+    /// it (returns `None`); under the locks the asyncio thread takes
+    /// events from.
+    fn sift(&self, mut pick: impl FnMut(Event) -> Option<Event>) {
         {
             let mut taken = self.taken.lock();
             let old = std::mem::take(&mut *taken);
-            for e in old {
-                split(e, &mut |k| taken.push_back(k));
-            }
+            taken.extend(old.into_iter().filter_map(&mut pick));
         }
         let mut events = self.events.lock();
         let old = std::mem::take(&mut *events);
-        for e in old {
-            split(e, &mut |k| events.push(k));
-        }
+        events.extend(old.into_iter().filter_map(&mut pick));
     }
 }
 

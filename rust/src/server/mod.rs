@@ -208,6 +208,13 @@ impl Server {
         }
     }
 
+    /// Writes the Rust log lines still queued through the error logger,
+    /// from any thread: for the end of dual mode when the loop's thread is
+    /// stuck in the app and will not drain again. Other events stay queued.
+    fn write_queued_logs(&self, py: Python<'_>) {
+        logging::write_queued(py, &self.shared.queue, &self.ctx.loop_ctx);
+    }
+
     /// The loop watchdog's stamp: the asyncio loop calls it every
     /// [`Server::loop_tick_interval`] seconds (see `server::watchdog`).
     fn loop_turned(&self) {
@@ -274,7 +281,11 @@ impl Server {
         self.shared.signals.attach(rt.handle().clone());
         logging::install(&self.shared.queue, self.log_threshold);
         let main = run::run(Arc::clone(&self.ctx), listeners, self.h3.clone());
-        *slot = Some(Arc::new(single::Single::new(rt, main)));
+        let last = single::last_words(
+            Arc::clone(&self.ctx.loop_ctx),
+            Arc::clone(&self.shared.queue),
+        );
+        *slot = Some(Arc::new(single::Single::new(rt, main, last)));
         Ok(())
     }
 

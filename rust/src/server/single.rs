@@ -30,6 +30,13 @@
 //! it) until the next turn begins. So accepting, the health path, timeouts,
 //! pings and the loop watchdog go on as in dual mode. It takes no GIL, and
 //! normally only wakes to look at two atomics.
+//!
+//! Once the server's main task has ended (a drain, a quick stop), the loop
+//! should stop; if its thread has not begun a turn for [`GIVE_UP_AFTER`]
+//! by then, the stand-in writes the worker's last log lines and exits the
+//! process, as dual mode gives up on a loop that does not stop (Python's
+//! `LOOP_JOIN_TIMEOUT`): a stuck app must not keep a stopped worker, or an
+//! orphan of a dead master, alive.
 
 use std::future::{poll_fn, Future};
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
@@ -38,15 +45,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::thread::JoinHandle as ThreadHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
+use pyo3::Python;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
+use crate::bridge::context::LoopCtx;
+use crate::bridge::queue::PyQueue;
 use crate::server::run::RunError;
 use crate::worker::{Stop, Worker};
 
@@ -63,6 +73,15 @@ pub(crate) const FINISHED: u8 = 4;
 /// thread.
 pub(crate) const STAND_IN_CHECK: Duration = Duration::from_millis(100);
 
+/// How long the loop's thread may stay away once the server has ended
+/// before the stand-in exits the process: 5 s, dual mode's bound on the
+/// loop's stop (`skirr.serve.LOOP_JOIN_TIMEOUT`).
+pub(crate) const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
+
+/// Writes a worker's last lines (the one given last) when the stand-in
+/// gives up on the loop; returns once written or given up on.
+pub(crate) type LastWords = Box<dyn FnOnce(String) + Send>;
+
 /// The loop thread's turns, as the stand-in sees them.
 #[derive(Default)]
 struct Turns {
@@ -76,6 +95,8 @@ struct Turns {
     back: AtomicWaker,
     /// The stand-in should end (`Single::finish`).
     stop: AtomicBool,
+    /// The server's main task has ended: the loop should stop.
+    ended: AtomicBool,
     /// Times the stand-in ran the runtime (reported at exit).
     covers: AtomicU64,
 }
@@ -90,9 +111,27 @@ impl Turns {
         Inside(self)
     }
 
-    /// Whether the stand-in should give the runtime back.
+    /// Whether the stand-in should give the runtime back (or, with the
+    /// server ended, stop running it).
     fn wanted_back(&self) -> bool {
-        self.inside.load(Ordering::SeqCst) || self.stop.load(Ordering::SeqCst)
+        self.inside.load(Ordering::SeqCst)
+            || self.stop.load(Ordering::SeqCst)
+            || self.ended.load(Ordering::SeqCst)
+    }
+
+    /// The server's main task ended.
+    fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        self.back.wake();
+    }
+}
+
+/// Tells the stand-in the main task ended, however it ends.
+struct Ended(Arc<Turns>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 
@@ -105,6 +144,33 @@ impl Drop for Inside<'_> {
     }
 }
 
+/// How long the last lines wait for the GIL (the app may hold it in a C
+/// call) before the final one goes to stderr instead.
+const LAST_WORDS_WAIT: Duration = Duration::from_secs(1);
+
+/// [`LastWords`] through Python's logging (`loop_ctx`'s error logger): the
+/// log lines still queued, then the given one, from a thread of their own
+/// that takes the GIL; past [`LAST_WORDS_WAIT`], the given line goes to
+/// stderr (`skirr: ...`).
+pub(crate) fn last_words(loop_ctx: Arc<LoopCtx>, queue: Arc<PyQueue>) -> LastWords {
+    Box::new(move |line: String| {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        let logged = line.clone();
+        let writer = std::thread::Builder::new()
+            .name("skirr-last-words".into())
+            .spawn(move || {
+                Python::attach(|py| {
+                    crate::logging::write_queued(py, &queue, &loop_ctx);
+                    loop_ctx.log(py, 30, &logged);
+                });
+                let _ = done.send(());
+            });
+        if writer.is_err() || wait.recv_timeout(LAST_WORDS_WAIT).is_err() {
+            eprintln!("skirr: {line}");
+        }
+    })
+}
+
 /// The stand-in thread (see the module docs); stopped and joined on drop.
 struct StandIn {
     turns: Arc<Turns>,
@@ -114,12 +180,17 @@ struct StandIn {
 impl StandIn {
     /// Starts the thread (`skirr-stand-in`). Errors: the thread could not
     /// be spawned (then single mode runs without one, as before).
-    fn start(rt: Arc<Runtime>, turns: Arc<Turns>) -> std::io::Result<Self> {
+    fn start(rt: Arc<Runtime>, turns: Arc<Turns>, last: LastWords) -> std::io::Result<Self> {
         let t = Arc::clone(&turns);
         let thread = std::thread::Builder::new()
             .name("skirr-stand-in".into())
             .stack_size(2 * 1024 * 1024)
-            .spawn(move || stand_in(&rt, &t))?;
+            .spawn(move || {
+                stand_in(&rt, &t);
+                if !t.stop.load(Ordering::SeqCst) {
+                    give_up(&t, last);
+                }
+            })?;
         Ok(Self {
             turns,
             thread: Some(thread),
@@ -140,9 +211,13 @@ impl Drop for StandIn {
 
 /// The stand-in's loop: every [`STAND_IN_CHECK`], if the loop's thread has
 /// not begun a turn since the last check and is not in one, runs the
-/// runtime until a turn begins.
+/// runtime until a turn begins. Returns when stopped, or when the server
+/// has ended and the loop's thread has stayed away for [`GIVE_UP_AFTER`].
 fn stand_in(rt: &Runtime, turns: &Turns) {
     let mut seen = turns.begun.load(Ordering::Relaxed);
+    // When the stand-in first saw the server ended with the loop away
+    // (again after each turn).
+    let mut ended_seen: Option<Instant> = None;
     loop {
         std::thread::park_timeout(STAND_IN_CHECK);
         if turns.stop.load(Ordering::SeqCst) {
@@ -151,6 +226,14 @@ fn stand_in(rt: &Runtime, turns: &Turns) {
         let begun = turns.begun.load(Ordering::Relaxed);
         if begun != seen || turns.inside.load(Ordering::SeqCst) {
             seen = begun;
+            ended_seen = None;
+            continue;
+        }
+        if turns.ended.load(Ordering::SeqCst) {
+            // Nothing left to run: only wait for the loop to stop.
+            if ended_seen.get_or_insert_with(Instant::now).elapsed() >= GIVE_UP_AFTER {
+                return;
+            }
             continue;
         }
         turns.covers.fetch_add(1, Ordering::Relaxed);
@@ -166,6 +249,21 @@ fn stand_in(rt: &Runtime, turns: &Turns) {
         }));
         turns.back.take();
         seen = turns.begun.load(Ordering::Relaxed);
+    }
+}
+
+/// The server has ended and the loop has not come back for
+/// [`GIVE_UP_AFTER`]: writes the last lines and exits the process (status
+/// 0, as dual mode's worker after the same wait; the drain has done its
+/// work). Unless `Single::finish` began meanwhile.
+fn give_up(turns: &Turns, last: LastWords) {
+    last(format!(
+        "the event loop did not stop within {}s of the server's end \
+         (the app blocks its thread): exiting",
+        GIVE_UP_AFTER.as_secs()
+    ));
+    if !turns.stop.load(Ordering::SeqCst) {
+        std::process::exit(0);
     }
 }
 
@@ -185,14 +283,21 @@ pub(crate) struct Single {
 impl Single {
     /// Takes the runtime and spawns the main task (which runs from the
     /// first turn on).
-    pub(crate) fn new<F>(rt: Runtime, main: F) -> Self
+    /// `last` writes the worker's last lines if the stand-in gives up on
+    /// a loop that does not stop (see the module docs).
+    pub(crate) fn new<F>(rt: Runtime, main: F, last: LastWords) -> Self
     where
         F: Future<Output = Result<(), RunError>> + Send + 'static,
     {
-        let main = rt.spawn(main);
-        let rt = Arc::new(rt);
         let turns = Arc::new(Turns::default());
-        let stand_in = match StandIn::start(Arc::clone(&rt), Arc::clone(&turns)) {
+        let t = Arc::clone(&turns);
+        let main = rt.spawn(async move {
+            // Dropped when the task ends, panics included.
+            let _ended = Ended(t);
+            main.await
+        });
+        let rt = Arc::new(rt);
+        let stand_in = match StandIn::start(Arc::clone(&rt), Arc::clone(&turns), last) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(
