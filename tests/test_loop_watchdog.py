@@ -8,6 +8,7 @@ loop turns again it serves again."""
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -132,6 +133,11 @@ def test_requests_read_but_not_started_get_503_and_accepting_resumes(mode):
             assert r.header("retry-after") == "1"
             assert r.header("connection") == "close"
             assert queued.is_closed(timeout=5)
+            # The stall's warning is written while the loop is still
+            # blocked, not when it runs again (rust/src/logging.rs).
+            wait_until(lambda: "the event loop has not run for" in s.logs(), timeout=1.5, what="the stall warning")
+            ready, _, _ = select.select([blocker.sock], [], [], 0)
+            assert not ready, "the blocked request ended too soon for this test"
             assert blocker.read_response().body == b"blocked"
         # The loop turns again: new connections are accepted and served.
         assert wait_until(lambda: request(s.port, "GET", "/pid").status == 200, what="serving again")

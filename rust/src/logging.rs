@@ -6,9 +6,15 @@
 //! standalone), so its handlers, formatters and files apply. The level
 //! threshold is read from that logger when the server starts, and disabled
 //! levels cost one atomic load.
+//!
+//! A line an operator needs while the loop is stuck in the app (the loop
+//! watchdog's stall warning) is written at once instead, by
+//! [`write_soon`]: a short-lived thread of its own takes the GIL (which a
+//! blocked loop thread normally releases, or gives up every few
+//! milliseconds) and writes every queued line, never blocking Tokio.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Once};
 
 use parking_lot::RwLock;
@@ -22,7 +28,14 @@ use pyo3::Python;
 use crate::bridge::context::LoopCtx;
 use crate::bridge::queue::{LogRecord, PyQueue};
 
-static SINK: RwLock<Option<Arc<PyQueue>>> = RwLock::new(None);
+/// Where lines go while a server runs: its queue, and the error logger
+/// that [`write_soon`] writes them to.
+struct Sink {
+    queue: Arc<PyQueue>,
+    loop_ctx: Arc<LoopCtx>,
+}
+
+static SINK: RwLock<Option<Arc<Sink>>> = RwLock::new(None);
 /// Python level threshold; events below it are disabled.
 static THRESHOLD: AtomicU8 = AtomicU8::new(30);
 
@@ -83,8 +96,8 @@ impl Subscriber for PyLogSubscriber {
             level: py_level(event.metadata().level()),
             message,
         };
-        if let Some(queue) = SINK.read().as_ref() {
-            queue.push_log(record);
+        if let Some(sink) = SINK.read().as_ref() {
+            sink.queue.push_log(record);
         } else {
             eprintln!("skirr: {}", record.message);
         }
@@ -96,14 +109,17 @@ impl Subscriber for PyLogSubscriber {
 }
 
 /// Routes this process's Rust log lines to `queue`, at or above the given
-/// `logging` level.
-pub(crate) fn install(queue: &Arc<PyQueue>, threshold: u8) {
+/// `logging` level; `loop_ctx`'s error logger writes them.
+pub(crate) fn install(queue: &Arc<PyQueue>, threshold: u8, loop_ctx: &Arc<LoopCtx>) {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         let _ = tracing::subscriber::set_global_default(PyLogSubscriber);
     });
     THRESHOLD.store(threshold, Ordering::Relaxed);
-    *SINK.write() = Some(Arc::clone(queue));
+    *SINK.write() = Some(Arc::new(Sink {
+        queue: Arc::clone(queue),
+        loop_ctx: Arc::clone(loop_ctx),
+    }));
 }
 
 /// Stops routing log lines to the queue (the asyncio loop is stopping).
@@ -120,5 +136,30 @@ pub(crate) fn write_queued(py: Python<'_>, queue: &PyQueue, loop_ctx: &LoopCtx) 
     queue.take_logs(&mut queued);
     for r in queued {
         loop_ctx.log(py, r.level, &r.message);
+    }
+}
+
+/// Writes the queued lines now, from a thread of its own that takes the
+/// GIL (see the module docs), instead of at the loop's next drain. At most
+/// one such thread at a time (a call while one runs does nothing: it
+/// takes every line queued when it gets the GIL); never blocks the caller.
+/// If the thread cannot be spawned, the lines wait for the loop.
+pub(crate) fn write_soon() {
+    static RUNNING: AtomicBool = AtomicBool::new(false);
+    let Some(sink) = SINK.read().clone() else {
+        return;
+    };
+    if RUNNING.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("skirr-log-writer".into())
+        .stack_size(1024 * 1024)
+        .spawn(move || {
+            Python::attach(|py| write_queued(py, &sink.queue, &sink.loop_ctx));
+            RUNNING.store(false, Ordering::SeqCst);
+        });
+    if spawned.is_err() {
+        RUNNING.store(false, Ordering::SeqCst);
     }
 }

@@ -246,7 +246,7 @@ impl Server {
             .into_iter()
             .map(|(fd, kind)| listen::StdListener::from_fd(fd, &kind))
             .collect::<std::io::Result<Vec<_>>>()?;
-        logging::install(&self.shared.queue, self.log_threshold);
+        logging::install(&self.shared.queue, self.log_threshold, &self.ctx.loop_ctx);
         let app = Arc::clone(&self.ctx);
         let h3 = self.h3.clone();
         let res = py.detach(move || runtime::run(app, listeners, h3));
@@ -279,7 +279,7 @@ impl Server {
             .collect::<std::io::Result<Vec<_>>>()?;
         let rt = runtime::current_thread(&self.shared)?;
         self.shared.signals.attach(rt.handle().clone());
-        logging::install(&self.shared.queue, self.log_threshold);
+        logging::install(&self.shared.queue, self.log_threshold, &self.ctx.loop_ctx);
         let main = run::run(Arc::clone(&self.ctx), listeners, self.h3.clone());
         let last = single::last_words(
             Arc::clone(&self.ctx.loop_ctx),

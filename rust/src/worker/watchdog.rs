@@ -136,6 +136,8 @@ impl Watchdog {
                          not accepting on shared sockets; requests not yet in the app get 503",
                         w.bound_ms
                     );
+                    // Now, not when the loop runs again.
+                    crate::logging::write_soon();
                 }
                 // Again at every check: requests queued since the last.
                 refuse_queued(&shared);
