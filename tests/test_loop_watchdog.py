@@ -144,6 +144,13 @@ def test_requests_read_but_not_started_get_503_and_accepting_resumes(mode):
         paths = json.loads(request(s.port, "GET", "/paths").body)
         assert "/block" in paths and "/sleep" not in paths, paths
         assert "the event loop has not run for" in s.logs()
+        # The 503's access-log line is written once the loop runs again
+        # (the block ends at 4 s), but its time is the wait until the 503
+        # (sent at 0.2 s, answered 2-2.5 s into the block).
+        line = next(ln for ln in s.logs().splitlines() if "tag=queued" in ln)
+        assert '" 503 ' in line, line
+        took_ms = float(line.rsplit(" ", 1)[1].removesuffix("ms"))
+        assert took_ms < 3300, line
 
 
 def test_watchdog_off_serves_the_queued_request_late(mode):

@@ -43,8 +43,14 @@ impl Job for HttpRequest {
             rejected,
         } = *self;
         match rejected {
-            Some(answered) => crate::asgi::http::log_rejected(
-                py, &ctx, &parts, &conn.info, interim, answered, received,
+            Some(a) => crate::asgi::http::log_rejected(
+                py,
+                &ctx,
+                &parts,
+                &conn.info,
+                interim,
+                (a.status, a.bytes),
+                a.took,
             ),
             None => crate::asgi::http::start(py, &ctx, parts, exch, &conn.info, interim, received),
         }
@@ -62,7 +68,11 @@ impl Job for HttpRequest {
             .reject(http::StatusCode::SERVICE_UNAVAILABLE, REASON, &shared);
         if shared.config.access_log && shared.watchdog.may_log_refusal() {
             // Logged when the loop runs again (or lost with the worker).
-            self.rejected = Some((503, REASON.len() as u64));
+            self.rejected = Some(crate::http::service::Answered::now(
+                503,
+                REASON.len() as u64,
+                self.received,
+            ));
             shared.queue.push(Event::Run(self));
         }
     }

@@ -36,9 +36,33 @@ pub(crate) struct HttpRequest {
     /// When the head was parsed (for the access log's duration); only
     /// read from the clock when access logging is on.
     pub(crate) received: Option<Instant>,
-    /// The server answered it before the app saw it (status, body bytes):
-    /// the job is only its access-log line.
-    pub(crate) rejected: Option<(u16, u64)>,
+    /// The server answered it before the app saw it: the job is only its
+    /// access-log line.
+    pub(crate) rejected: Option<Answered>,
+}
+
+/// The server's own answer to a request, for its access-log line, which
+/// is written later on the asyncio thread.
+#[derive(Clone, Copy)]
+pub(crate) struct Answered {
+    pub(crate) status: u16,
+    /// Body bytes sent.
+    pub(crate) bytes: u64,
+    /// From the head's arrival to the answer (`None` when the arrival was
+    /// not timed): fixed when answered, not when logged, which may be
+    /// much later (a stalled loop).
+    pub(crate) took: Option<std::time::Duration>,
+}
+
+impl Answered {
+    /// Answered now.
+    pub(crate) fn now(status: u16, bytes: u64, received: Option<Instant>) -> Self {
+        Self {
+            status,
+            bytes,
+            took: received.map(|r| r.elapsed()),
+        }
+    }
 }
 
 /// Marks the exchange gone if the service future is dropped before the
@@ -140,7 +164,11 @@ fn answer(
             exch: Arc::new(Exchange::default()),
             conn: Arc::clone(conn),
             received,
-            rejected: Some((status.as_u16(), reason.len() as u64)),
+            rejected: Some(Answered::now(
+                status.as_u16(),
+                reason.len() as u64,
+                received,
+            )),
         })));
     }
     let mut resp = ResponseBody::plain(status, reason, busy);

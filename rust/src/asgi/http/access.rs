@@ -1,6 +1,6 @@
 //! The access log: one call of the access logger per response.
 
-use std::time::Instant;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,12 +15,12 @@ pub(crate) fn write_access(
     status: u16,
     headers: Py<PyAny>,
     size: u64,
-    received: Option<Instant>,
+    took: Option<Duration>,
 ) {
     let Some(access) = &ctx.access_log else {
         return;
     };
-    let secs = received.map_or(0.0, |r| r.elapsed().as_secs_f64());
+    let secs = took.map_or(0.0, |t| t.as_secs_f64());
     if let Err(e) = access
         .bind(py)
         .call1((scope.bind(py), status, headers, size, secs))

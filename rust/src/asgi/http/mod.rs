@@ -12,7 +12,7 @@ pub(crate) mod response;
 pub(crate) mod zerocopy;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
@@ -70,7 +70,8 @@ pub(crate) fn start(
 
 /// Writes the access-log line of a request the server answered before
 /// the app saw it (on the asyncio thread): `status` and body `bytes` as
-/// sent, timed from `received`.
+/// sent, `took` from the head's arrival to the answer (fixed when
+/// answered: the line may be written much later).
 pub(crate) fn log_rejected(
     py: Python<'_>,
     ctx: &Arc<AppContext>,
@@ -78,12 +79,10 @@ pub(crate) fn log_rejected(
     conn: &ConnInfo,
     interim: bool,
     (status, bytes): (u16, u64),
-    received: Option<Instant>,
+    took: Option<Duration>,
 ) {
     match http_scope(py, ctx, parts, conn, interim) {
-        Ok(scope) => {
-            access::write_access(py, ctx, &scope.unbind(), status, py.None(), bytes, received)
-        }
+        Ok(scope) => access::write_access(py, ctx, &scope.unbind(), status, py.None(), bytes, took),
         Err(e) => ctx.log_error(py, "could not build the HTTP scope", Some(&e)),
     }
 }

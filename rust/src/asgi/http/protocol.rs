@@ -161,7 +161,8 @@ impl HttpProtocol {
             .filter(|_| status == st.status)
             .map(|h| h.clone_ref(py))
             .unwrap_or_else(|| py.None());
-        write_access(py, &self.ctx, &scope, status, headers, sent, self.received);
+        let took = self.received.map(|r| r.elapsed());
+        write_access(py, &self.ctx, &scope, status, headers, sent, took);
     }
 
     /// The response ended without the app completing it (the client left,

@@ -20,7 +20,7 @@ use crate::asgi::websocket::shared::{Decision, WsShared, ABNORMAL};
 use crate::bridge::queue::{Event, Job};
 use crate::http::body::ResponseBody;
 use crate::http::ctx::{BusyGuard, ConnCtx};
-use crate::http::service::HttpRequest;
+use crate::http::service::{Answered, HttpRequest};
 use crate::wire::handshake;
 use crate::wire::ws_extension;
 use crate::worker::Worker;
@@ -93,7 +93,7 @@ pub(crate) async fn handle(
             exch: Arc::new(Exchange::default()),
             conn: Arc::clone(&conn),
             received: Some(received),
-            rejected: Some((resp.status().as_u16(), bytes)),
+            rejected: Some(Answered::now(resp.status().as_u16(), bytes, Some(received))),
         })));
     }
     resp

@@ -132,7 +132,15 @@ pub(crate) fn on_wake(py: Python<'_>, ctx: &AppContext, exch: &Exchange) {
     if let Some((scope, status, bytes, received)) = rejected {
         // The server answered while the app was serving (408/413/503):
         // its time is the wait until that answer.
-        write_access(py, ctx, &scope, status, py.None(), bytes, received);
+        write_access(
+            py,
+            ctx,
+            &scope,
+            status,
+            py.None(),
+            bytes,
+            received.map(|r| r.elapsed()),
+        );
     }
     for (w, msg) in recv {
         resolve(w.bind(py), msg);
