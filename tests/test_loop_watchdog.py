@@ -136,6 +136,7 @@ def test_requests_read_but_not_started_get_503_and_accepting_resumes(mode):
             # The stall's warning is written while the loop is still
             # blocked, not when it runs again (rust/src/logging.rs).
             wait_until(lambda: "the event loop has not run for" in s.logs(), timeout=1.5, what="the stall warning")
+            assert "write_now" not in s.logs()  # the marker field is not printed
             ready, _, _ = select.select([blocker.sock], [], [], 0)
             assert not ready, "the blocked request ended too soon for this test"
             assert blocker.read_response().body == b"blocked"

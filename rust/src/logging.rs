@@ -8,10 +8,11 @@
 //! levels cost one atomic load.
 //!
 //! A line an operator needs while the loop is stuck in the app (the loop
-//! watchdog's stall warning) is written at once instead, by
-//! [`write_soon`]: a short-lived thread of its own takes the GIL (which a
-//! blocked loop thread normally releases, or gives up every few
-//! milliseconds) and writes every queued line, never blocking Tokio.
+//! watchdog's stall warning) is marked `write_now = true` (a field that is
+//! not printed) and written at once instead, by [`write_soon`]: a
+//! short-lived thread of its own takes the GIL (which a blocked loop
+//! thread normally releases, or gives up every few milliseconds) and
+//! writes every queued line, never blocking Tokio.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -49,22 +50,37 @@ fn py_level(level: &Level) -> u8 {
     }
 }
 
-struct Message<'a>(&'a mut String);
+/// The field that asks for [`write_soon`] (see the module docs).
+const WRITE_NOW: &str = "write_now";
+
+/// Formats an event's fields; notes [`WRITE_NOW`].
+struct Message<'a> {
+    text: &'a mut String,
+    now: bool,
+}
 
 impl Visit for Message<'_> {
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if field.name() == WRITE_NOW {
+            self.now = value;
+        } else {
+            let _ = write!(self.text, " {}={value}", field.name());
+        }
+    }
+
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
-            self.0.push_str(value);
+            self.text.push_str(value);
         } else {
-            let _ = write!(self.0, " {}={value}", field.name());
+            let _ = write!(self.text, " {}={value}", field.name());
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "message" {
-            let _ = write!(self.0, "{value:?}");
+            let _ = write!(self.text, "{value:?}");
         } else {
-            let _ = write!(self.0, " {}={value:?}", field.name());
+            let _ = write!(self.text, " {}={value:?}", field.name());
         }
     }
 }
@@ -91,13 +107,24 @@ impl Subscriber for PyLogSubscriber {
 
     fn event(&self, event: &Event<'_>) {
         let mut message = String::new();
-        event.record(&mut Message(&mut message));
+        let mut fields = Message {
+            text: &mut message,
+            now: false,
+        };
+        event.record(&mut fields);
+        let now = fields.now;
         let record = LogRecord {
             level: py_level(event.metadata().level()),
             message,
         };
-        if let Some(sink) = SINK.read().as_ref() {
-            sink.queue.push_log(record);
+        let sink = SINK.read();
+        if let Some(s) = sink.as_ref() {
+            s.queue.push_log(record);
+            if now {
+                let s = Arc::clone(s);
+                drop(sink);
+                write_soon(s);
+            }
         } else {
             eprintln!("skirr: {}", record.message);
         }
@@ -144,11 +171,8 @@ pub(crate) fn write_queued(py: Python<'_>, queue: &PyQueue, loop_ctx: &LoopCtx) 
 /// one such thread at a time (a call while one runs does nothing: it
 /// takes every line queued when it gets the GIL); never blocks the caller.
 /// If the thread cannot be spawned, the lines wait for the loop.
-pub(crate) fn write_soon() {
+fn write_soon(sink: Arc<Sink>) {
     static RUNNING: AtomicBool = AtomicBool::new(false);
-    let Some(sink) = SINK.read().clone() else {
-        return;
-    };
     if RUNNING.swap(true, Ordering::SeqCst) {
         return;
     }

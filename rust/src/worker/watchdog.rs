@@ -131,13 +131,13 @@ impl Watchdog {
                 if !w.stalled.swap(true, Ordering::SeqCst) {
                     w.stalls.fetch_add(1, Ordering::Relaxed);
                     w.state.send_replace(true);
+                    // Written now, not when the loop runs again.
                     tracing::warn!(
+                        write_now = true,
                         "the event loop has not run for {gap} ms (loop_stall_timeout {} ms): \
                          not accepting on shared sockets; requests not yet in the app get 503",
                         w.bound_ms
                     );
-                    // Now, not when the loop runs again.
-                    crate::logging::write_soon();
                 }
                 // Again at every check: requests queued since the last.
                 refuse_queued(&shared);
