@@ -263,7 +263,13 @@ fn give_up(turns: &Turns, last: LastWords) {
         GIVE_UP_AFTER.as_secs()
     ));
     if !turns.stop.load(Ordering::SeqCst) {
-        std::process::exit(0);
+        // `_exit`, not `exit`: the C `atexit` handlers (OpenSSL's cleanup,
+        // for one) would run while the app's thread is still inside
+        // Python and perhaps inside them. The last lines are written
+        // (Python's handlers flush each record; stderr is unbuffered).
+        // SAFETY: ends the process at once; no Rust or C state is used
+        // after it.
+        unsafe { libc::_exit(0) };
     }
 }
 
