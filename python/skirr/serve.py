@@ -20,6 +20,7 @@ then: after fork, never in a master. Two shapes (``loop_mode``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import importlib.util
@@ -28,9 +29,10 @@ import logging
 import os
 import selectors
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from skirr._skirr import Server
 
@@ -383,9 +385,21 @@ def serve(
         else:
             server.write_queued_logs()
             error_logger.warning(
-                "the event loop did not stop within %gs of the server's end (the app blocks its thread)",
+                "the event loop did not stop within %gs of the server's end (the app blocks its thread): exiting",
                 LOOP_JOIN_TIMEOUT,
             )
+            _exit_now()
+
+
+def _exit_now() -> NoReturn:
+    """Ends the process at once with status 0, as rust/src/server/give_up.rs
+    does: an interpreter shutdown would run ``atexit`` handlers under the
+    loop's thread, still inside the app, and unwind that thread through the
+    extension's frames (an abort)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _serve_single(

@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 import json
 import os
+import re
 import threading
 import time
 
@@ -94,6 +95,17 @@ async def app(scope, receive, send):
     if path == "/block":
         time.sleep(float(query))
         return await text(send, b"blocked")
+    if path == "/spin":
+        # A pure-Python busy loop: it yields the GIL every few ms.
+        end = time.monotonic() + float(query)
+        while time.monotonic() < end:
+            pass
+        return await text(send, b"spun")
+    if path == "/regex":
+        # Catastrophic backtracking: one C call that holds the GIL for
+        # hours (2**40 steps).
+        re.match(r"(a+)+$", "a" * 40 + "b")
+        return await text(send, b"matched")
     if path == "/pid":
         return await text(send, str(os.getpid()).encode())
     return await text(send, b"ok")

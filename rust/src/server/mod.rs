@@ -6,6 +6,7 @@
 pub(crate) mod accept;
 pub(crate) mod admission;
 pub(crate) mod cert_name;
+pub(crate) mod give_up;
 pub(crate) mod listen;
 pub(crate) mod run;
 pub(crate) mod runtime;
@@ -249,7 +250,16 @@ impl Server {
         logging::install(&self.shared.queue, self.log_threshold, &self.ctx.loop_ctx);
         let app = Arc::clone(&self.ctx);
         let h3 = self.h3.clone();
-        let res = py.detach(move || runtime::run(app, listeners, h3));
+        let exit = give_up::Exit::new(
+            Arc::clone(&self.ctx.loop_ctx),
+            Arc::clone(&self.shared.queue),
+        );
+        let (res, guard) = py.detach(move || {
+            let res = runtime::run(app, listeners, h3);
+            // Until this thread has the GIL again (see `give_up`).
+            (res, give_up::ExitGuard::arm(exit))
+        });
+        drop(guard);
         logging::uninstall();
         // Make sure the final drain (scheduled by the caller) sees them.
         self.shared.queue.flush();
@@ -281,11 +291,11 @@ impl Server {
         self.shared.signals.attach(rt.handle().clone());
         logging::install(&self.shared.queue, self.log_threshold, &self.ctx.loop_ctx);
         let main = run::run(Arc::clone(&self.ctx), listeners, self.h3.clone());
-        let last = single::last_words(
+        let exit = give_up::Exit::new(
             Arc::clone(&self.ctx.loop_ctx),
             Arc::clone(&self.shared.queue),
         );
-        *slot = Some(Arc::new(single::Single::new(rt, main, last)));
+        *slot = Some(Arc::new(single::Single::new(rt, main, exit)));
         Ok(())
     }
 

@@ -33,10 +33,9 @@
 //!
 //! Once the server's main task has ended (a drain, a quick stop), the loop
 //! should stop; if its thread has not begun a turn for [`GIVE_UP_AFTER`]
-//! by then, the stand-in writes the worker's last log lines and exits the
-//! process, as dual mode gives up on a loop that does not stop (Python's
-//! `LOOP_JOIN_TIMEOUT`): a stuck app must not keep a stopped worker, or an
-//! orphan of a dead master, alive.
+//! by then, the stand-in gives up on it ([`super::give_up`]): the
+//! worker's last log lines, then the process ends. A stuck app must not
+//! keep a stopped worker, or an orphan of a dead master, alive.
 
 use std::future::{poll_fn, Future};
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
@@ -49,14 +48,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
-use pyo3::Python;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
-use crate::bridge::context::LoopCtx;
-use crate::bridge::queue::PyQueue;
+use crate::server::give_up::{Exit, GIVE_UP_AFTER};
 use crate::server::run::RunError;
 use crate::worker::{Stop, Worker};
 
@@ -72,15 +69,6 @@ pub(crate) const FINISHED: u8 = 4;
 /// answers within ~0.2 s of a block, for ten wakes a second of an idle
 /// thread.
 pub(crate) const STAND_IN_CHECK: Duration = Duration::from_millis(100);
-
-/// How long the loop's thread may stay away once the server has ended
-/// before the stand-in exits the process: 5 s, dual mode's bound on the
-/// loop's stop (`skirr.serve.LOOP_JOIN_TIMEOUT`).
-pub(crate) const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
-
-/// Writes a worker's last lines (the one given last) when the stand-in
-/// gives up on the loop; returns once written or given up on.
-pub(crate) type LastWords = Box<dyn FnOnce(String) + Send>;
 
 /// The loop thread's turns, as the stand-in sees them.
 #[derive(Default)]
@@ -144,33 +132,6 @@ impl Drop for Inside<'_> {
     }
 }
 
-/// How long the last lines wait for the GIL (the app may hold it in a C
-/// call) before the final one goes to stderr instead.
-const LAST_WORDS_WAIT: Duration = Duration::from_secs(1);
-
-/// [`LastWords`] through Python's logging (`loop_ctx`'s error logger): the
-/// log lines still queued, then the given one, from a thread of their own
-/// that takes the GIL; past [`LAST_WORDS_WAIT`], the given line goes to
-/// stderr (`skirr: ...`).
-pub(crate) fn last_words(loop_ctx: Arc<LoopCtx>, queue: Arc<PyQueue>) -> LastWords {
-    Box::new(move |line: String| {
-        let (done, wait) = std::sync::mpsc::sync_channel(1);
-        let logged = line.clone();
-        let writer = std::thread::Builder::new()
-            .name("skirr-last-words".into())
-            .spawn(move || {
-                Python::attach(|py| {
-                    crate::logging::write_queued(py, &queue, &loop_ctx);
-                    loop_ctx.log(py, 30, &logged);
-                });
-                let _ = done.send(());
-            });
-        if writer.is_err() || wait.recv_timeout(LAST_WORDS_WAIT).is_err() {
-            eprintln!("skirr: {line}");
-        }
-    })
-}
-
 /// The stand-in thread (see the module docs); stopped and joined on drop.
 struct StandIn {
     turns: Arc<Turns>,
@@ -180,7 +141,7 @@ struct StandIn {
 impl StandIn {
     /// Starts the thread (`skirr-stand-in`). Errors: the thread could not
     /// be spawned (then single mode runs without one, as before).
-    fn start(rt: Arc<Runtime>, turns: Arc<Turns>, last: LastWords) -> std::io::Result<Self> {
+    fn start(rt: Arc<Runtime>, turns: Arc<Turns>, exit: Exit) -> std::io::Result<Self> {
         let t = Arc::clone(&turns);
         let thread = std::thread::Builder::new()
             .name("skirr-stand-in".into())
@@ -188,7 +149,7 @@ impl StandIn {
             .spawn(move || {
                 stand_in(&rt, &t);
                 if !t.stop.load(Ordering::SeqCst) {
-                    give_up(&t, last);
+                    give_up(&t, exit);
                 }
             })?;
         Ok(Self {
@@ -253,24 +214,17 @@ fn stand_in(rt: &Runtime, turns: &Turns) {
 }
 
 /// The server has ended and the loop has not come back for
-/// [`GIVE_UP_AFTER`]: writes the last lines and exits the process (status
-/// 0, as dual mode's worker after the same wait; the drain has done its
-/// work). Unless `Single::finish` began meanwhile.
-fn give_up(turns: &Turns, last: LastWords) {
-    last(format!(
-        "the event loop did not stop within {}s of the server's end \
-         (the app blocks its thread): exiting",
-        GIVE_UP_AFTER.as_secs()
-    ));
-    if !turns.stop.load(Ordering::SeqCst) {
-        // `_exit`, not `exit`: the C `atexit` handlers (OpenSSL's cleanup,
-        // for one) would run while the app's thread is still inside
-        // Python and perhaps inside them. The last lines are written
-        // (Python's handlers flush each record; stderr is unbuffered).
-        // SAFETY: ends the process at once; no Rust or C state is used
-        // after it.
-        unsafe { libc::_exit(0) };
-    }
+/// [`GIVE_UP_AFTER`]: ends the process ([`Exit::now`]) unless, checked
+/// with the GIL held, a turn has begun meanwhile or `Single::finish` has
+/// begun (then the stand-in goes on).
+fn give_up(turns: &Arc<Turns>, exit: Exit) {
+    let t = Arc::clone(turns);
+    let begun = t.begun.load(Ordering::SeqCst);
+    exit.now(Box::new(move || {
+        !t.stop.load(Ordering::SeqCst)
+            && !t.inside.load(Ordering::SeqCst)
+            && t.begun.load(Ordering::SeqCst) == begun
+    }));
 }
 
 /// The runtime and the server's main task, between `Server.start` and
@@ -289,9 +243,9 @@ pub(crate) struct Single {
 impl Single {
     /// Takes the runtime and spawns the main task (which runs from the
     /// first turn on).
-    /// `last` writes the worker's last lines if the stand-in gives up on
-    /// a loop that does not stop (see the module docs).
-    pub(crate) fn new<F>(rt: Runtime, main: F, last: LastWords) -> Self
+    /// `exit` ends the process if the stand-in gives up on a loop that
+    /// does not stop (see the module docs).
+    pub(crate) fn new<F>(rt: Runtime, main: F, exit: Exit) -> Self
     where
         F: Future<Output = Result<(), RunError>> + Send + 'static,
     {
@@ -303,7 +257,7 @@ impl Single {
             main.await
         });
         let rt = Arc::new(rt);
-        let stand_in = match StandIn::start(Arc::clone(&rt), Arc::clone(&turns), last) {
+        let stand_in = match StandIn::start(Arc::clone(&rt), Arc::clone(&turns), exit) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(
