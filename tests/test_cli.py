@@ -191,3 +191,29 @@ def test_sigint_shuts_down_gracefully():
         s.send_signal(signal.SIGINT)
         assert s.wait(10) == 0
         assert "Traceback" not in s.logs()
+
+
+def test_sigint_after_sigterm_forces_the_stop():
+    # As under uvicorn: a SIGINT after any first stop signal closes
+    # everything at once, rather than waiting out graceful_timeout (30 s)
+    # for the request in flight.
+    import signal
+    import time
+
+    with skirr("apps.probe:app", "--graceful-timeout", "30", "--health-path", "/_h") as s:
+        with RawConn(s.port, timeout=40) as c, RawConn(s.port, timeout=5) as probe:
+
+            def health() -> int:
+                probe.send(b"GET /_h HTTP/1.1\r\nHost: x\r\n\r\n")
+                return probe.read_response().status
+
+            assert health() == 200
+            c.send(b"GET /sleep?secs=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+            in_app = lambda: "/sleep" in request(s.port, "GET", "/paths").body.decode()  # noqa: E731
+            wait_until(in_app, what="the request in the app")
+            s.send_signal(signal.SIGTERM)
+            wait_until(lambda: health() == 503, what="the drain")
+            t0 = time.monotonic()
+            s.send_signal(signal.SIGINT)
+            assert s.wait(15) == 0
+            assert time.monotonic() - t0 < 10, "SIGINT did not force the stop"

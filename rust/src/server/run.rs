@@ -106,7 +106,9 @@ fn watch_signals(shared: Arc<Worker>) -> io::Result<()> {
                 Some(()) = term.recv() => shared.request_stop(Stop::Graceful("SIGTERM")),
                 Some(()) = int.recv() => {
                     shared.signal_hook("SIGINT");
-                    if shared.config.sigint_graceful && !interrupted {
+                    // After any stop signal, SIGINT forces the stop (as
+                    // uvicorn's handler does).
+                    if shared.config.sigint_graceful && !interrupted && !shared.stop_requested() {
                         interrupted = true;
                         shared.request_stop(Stop::Graceful("SIGINT"));
                     } else {

@@ -164,6 +164,11 @@ impl Worker {
         });
     }
 
+    /// Whether a stop (graceful or quick) has been requested.
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.borrow().is_some()
+    }
+
     pub(crate) fn stop_rx(&self) -> watch::Receiver<Option<Stop>> {
         self.stop.subscribe()
     }
