@@ -420,6 +420,17 @@ def worker_pids(master_pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+def process_gone(pid: int) -> bool:
+    """`pid` has exited; a zombie (not yet reaped by init) counts. The state
+    follows the command name, which may hold spaces and ")"."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 
-from harness import RawConn, gunicorn, request, wait_until, worker_pids
+from harness import RawConn, gunicorn, process_gone, request, wait_until, worker_pids
 
 APP = "apps.probe:app"
 
@@ -117,18 +117,7 @@ def test_worker_exits_when_the_master_dies():
         os.kill(g.proc.pid, signal.SIGKILL)
         g.wait(5)
         t0 = time.monotonic()
-
-        def gone():
-            try:
-                os.kill(workers[0], 0)
-            except ProcessLookupError:
-                return True
-            # A zombie (not yet reaped by init) counts as exited. The state
-            # follows the command name, which may hold spaces and ")".
-            with open(f"/proc/{workers[0]}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-
-        wait_until(gone, timeout=5, what="orphaned worker exit")
+        wait_until(lambda: process_gone(workers[0]), timeout=5, what="orphaned worker exit")
         # Issue 3: "within a second of the master's death".
         assert time.monotonic() - t0 < 1.0
 

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from harness import RawConn, gunicorn, request, skirr, wait_until
+from harness import RawConn, gunicorn, process_gone, request, skirr, wait_until
 from websockets.sync.client import connect
 
 APP = "apps.loop_mode_app:app"
@@ -263,18 +263,8 @@ def test_a_worker_blocked_for_good_exits_when_the_master_dies():
         with start_blocking(g, "/block?60"):
             os.kill(g.proc.pid, signal.SIGKILL)
             g.wait(5)
-            wait_until(lambda: gone(worker), timeout=15, what="the orphaned worker to exit")
+            wait_until(lambda: process_gone(worker), timeout=15, what="the orphaned worker to exit")
         assert "the event loop did not stop within 5s" in g.logs()
-
-
-def gone(pid: int) -> bool:
-    """`pid` has exited (a zombie not yet reaped counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_gunicorn_heartbeat_keeps_a_long_request_alive():

@@ -234,8 +234,8 @@ impl PyQueue {
 
     /// Moves every queued log record, queued or in the batch being
     /// handled, into `out`: for a thread other than the asyncio one that
-    /// writes a worker's last lines while the loop is stuck (single mode's
-    /// stand-in, `server::single`). Other events stay where they are.
+    /// writes them while the loop is stuck (the watchdog's stall warning,
+    /// a worker's last lines). Other events stay where they are.
     pub(crate) fn take_logs(&self, out: &mut Vec<LogRecord>) {
         self.sift(|e| match e {
             Event::Log(record) => {

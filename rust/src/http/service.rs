@@ -43,7 +43,6 @@ pub(crate) struct HttpRequest {
 
 /// The server's own answer to a request, for its access-log line, which
 /// is written later on the asyncio thread.
-#[derive(Clone, Copy)]
 pub(crate) struct Answered {
     pub(crate) status: u16,
     /// Body bytes sent.

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use pyo3::Python;
@@ -100,7 +100,8 @@ fn exit_now() -> ! {
 /// GIL for good: [`Exit::now`].
 pub(crate) struct ExitGuard {
     disarmed: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    /// The guard's thread, unparked on disarm.
+    thread: Option<Thread>,
 }
 
 impl ExitGuard {
@@ -123,7 +124,8 @@ impl ExitGuard {
                     std::thread::park_timeout(left);
                 }
             })
-            .ok();
+            .ok()
+            .map(|t| t.thread().clone());
         Self { disarmed, thread }
     }
 }
@@ -133,8 +135,8 @@ impl Drop for ExitGuard {
     /// firing at this very moment would wait for.
     fn drop(&mut self) {
         self.disarmed.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
+        if let Some(t) = &self.thread {
+            t.unpark();
         }
     }
 }

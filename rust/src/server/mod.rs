@@ -61,6 +61,16 @@ pub struct Server {
     single: Mutex<Option<Arc<single::Single>>>,
 }
 
+impl Server {
+    /// How this worker ends if the loop does not stop (`server::give_up`).
+    fn exit(&self) -> give_up::Exit {
+        give_up::Exit::new(
+            Arc::clone(&self.ctx.loop_ctx),
+            Arc::clone(&self.shared.queue),
+        )
+    }
+}
+
 #[pymethods]
 impl Server {
     /// Creates the server.
@@ -250,10 +260,7 @@ impl Server {
         logging::install(&self.shared.queue, self.log_threshold, &self.ctx.loop_ctx);
         let app = Arc::clone(&self.ctx);
         let h3 = self.h3.clone();
-        let exit = give_up::Exit::new(
-            Arc::clone(&self.ctx.loop_ctx),
-            Arc::clone(&self.shared.queue),
-        );
+        let exit = self.exit();
         let (res, guard) = py.detach(move || {
             let res = runtime::run(app, listeners, h3);
             // Until this thread has the GIL again (see `give_up`).
@@ -291,10 +298,7 @@ impl Server {
         self.shared.signals.attach(rt.handle().clone());
         logging::install(&self.shared.queue, self.log_threshold, &self.ctx.loop_ctx);
         let main = run::run(Arc::clone(&self.ctx), listeners, self.h3.clone());
-        let exit = give_up::Exit::new(
-            Arc::clone(&self.ctx.loop_ctx),
-            Arc::clone(&self.shared.queue),
-        );
+        let exit = self.exit();
         *slot = Some(Arc::new(single::Single::new(rt, main, exit)));
         Ok(())
     }
