@@ -9,6 +9,7 @@ import http.client
 import os
 import signal
 import threading
+import time
 
 from harness import TIMEOUT, gunicorn, wait_until, worker_pids
 
@@ -102,21 +103,29 @@ def test_no_post_fails_across_two_hups():
     assert c.failed == [], f"{len(c.failed)} of {c.ok + len(c.failed)} POSTs failed: {c.failed[:5]}"
 
 
-def _conn_on_each_worker(port: int, want: int = 2) -> dict[int, http.client.HTTPConnection]:
-    """Keep-alive connections, one per worker (the kernel picks the worker
-    that accepts): opened until each worker has one."""
-    conns: dict[int, http.client.HTTPConnection] = {}
-    for _ in range(50):
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
-        c.request("GET", "/pid")
-        pid = int(c.getresponse().read())
-        if pid in conns:
+class Probe:
+    """Keep-alive connections to chosen workers (the kernel picks the worker
+    that accepts, often the same one many times over), counting the requests
+    each worker served while they were found: those count toward
+    `--max-requests` too. A miss waits a little: a worker that is still
+    booting accepts nothing yet."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.served: dict[int, int] = {}
+
+    def connect(self, want=lambda pid: True, tries: int = 40) -> tuple[int, http.client.HTTPConnection]:
+        """A connection to the first worker whose pid `want` accepts."""
+        for _ in range(tries):
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
+            c.request("GET", "/pid")
+            pid = int(c.getresponse().read())
+            self.served[pid] = self.served.get(pid, 0) + 1
+            if want(pid):
+                return pid, c
             c.close()
-        else:
-            conns[pid] = c
-        if len(conns) == want:
-            return conns
-    raise AssertionError("could not reach every worker")
+            time.sleep(0.1)
+        raise AssertionError(f"no wanted worker accepted in {tries} connections: {self.served}")
 
 
 def _new_connection_answered(port: int, within: float) -> bool:
@@ -131,30 +140,37 @@ def _new_connection_answered(port: int, within: float) -> bool:
 
 
 def test_a_worker_at_max_requests_keeps_serving_while_another_drains():
-    # Worker A drains for ~6 s (a request in progress); worker B reaches
+    # Worker A drains for a while (a request in progress); worker B reaches
     # --max-requests meanwhile. Before issue 23 B drained too, and new
     # connections waited in the backlog until A's replacement booted.
-    with gunicorn(APP_PROBE, "-w", "2", "--max-requests", "40", "--graceful-timeout", "20") as g:
+    limit = 100
+    with gunicorn(APP_PROBE, "-w", "2", "--max-requests", str(limit), "--graceful-timeout", "20") as g:
         wait_until(lambda: len(worker_pids(g.proc.pid)) == 2, what="2 workers")
-        conns = _conn_on_each_worker(g.port)
-        (pa, ca), (pb, cb) = conns.items()
+        # Finding a connection to each worker costs up to 120 requests, all
+        # counted toward the limit: the limit leaves room for them, and the
+        # loops below go by what each worker has served.
+        probe = Probe(g.port)
+        pa, ca = probe.connect()
+        pb, cb = probe.connect(lambda pid: pid != pa)
         # A second connection to A carries the request that holds its drain.
-        hold = _conn_on_each_worker(g.port)[pa]
-        # 6 s: A still drains after the 120 requests below on a loaded machine.
-        hold.request("GET", "/sleep?secs=6")
-        # A reaches its limit: its response says close, it drains.
-        for _ in range(60):
+        _, hold = probe.connect(lambda pid: pid == pa)
+        print(f"requests per worker in setup: {probe.served}")
+        # 8 s: A still drains after the ~200 requests below on a loaded machine.
+        hold.request("GET", "/sleep?secs=8")
+        # A reaches its limit: its response says close, it drains. (+2: the
+        # harness's readiness request and the hold may have counted.)
+        for _ in range(limit - probe.served[pa] + 2):
             ca.request("GET", "/")
             r = ca.getresponse()
             r.read()
             if r.will_close:
                 break
         else:
-            raise AssertionError("worker A never reached max-requests")
+            raise AssertionError(f"worker A never reached max-requests ({probe.served})")
         ca.close()
         # B goes past its limit while A drains: it keeps serving, and new
         # connections are answered (by B).
-        for i in range(60):
+        for i in range(limit - probe.served[pb] + 10):
             cb.request("GET", "/pid")
             r = cb.getresponse()
             assert (r.status, int(r.read())) == (200, pb)
