@@ -144,6 +144,19 @@ def test_auto_runs_dual_on_uvloop():
         assert "loop_mode" not in s.logs()
 
 
+def test_auto_with_tokio_threads_runs_dual_and_says_so():
+    # Several Tokio threads need a runtime of their own: dual, with one
+    # info line naming why (not a warning: nothing asked for is refused).
+    env = {"SKIRR_TOKIO_THREADS": "2"}
+    with skirr(APP, "--loop", "asyncio", "--no-access-log", env=env) as s:
+        info = get_json(s.port, "/info")
+        assert info["thread"] == "skirr-asyncio"
+        assert info["thread_names"].count("skirr-tokio") == 2, info
+        lines = [line for line in s.logs().splitlines() if "loop_mode" in line]
+        assert len(lines) == 1 and "[INFO]" in lines[0], lines
+        assert "tokio_threads 2" in lines[0] and "running loop_mode dual" in lines[0], lines
+
+
 def test_auto_under_gunicorn_runs_single_on_asyncios_loop():
     with gunicorn(APP, "-w", "1", env={"SKIRR_LOOP": "asyncio"}) as g:
         info = get_json(g.port, "/info")

@@ -234,13 +234,19 @@ def _single_mode(config: dict[str, Any], loop_kind: str, log: logging.Logger) ->
     """Whether to run single mode. ``auto`` (the default) runs it unless the
     loop is uvloop (``loop`` uvloop, or auto with uvloop installed), whose
     loop has no selector to run Tokio from; ``single`` asked for and not to
-    be had warns (one line)."""
+    be had warns (one line); ``auto`` that runs dual because of
+    ``tokio_threads`` says so (one info line: the user asked for threads)."""
     mode = config.get("loop_mode", "auto")
     if mode == "dual":
         return False
     threads = int(config.get("tokio_threads", 1))
     if mode == "auto":
-        return threads <= 1 and (loop_kind == "asyncio" or (loop_kind == "auto" and not _uvloop_installed()))
+        if not (loop_kind == "asyncio" or (loop_kind == "auto" and not _uvloop_installed())):
+            return False
+        if threads > 1:
+            log.info("skirr: tokio_threads %d runs Tokio on threads of its own: running loop_mode dual", threads)
+            return False
+        return True
     if loop_kind == "uvloop":
         log.warning("skirr: loop_mode single needs asyncio's loop, not uvloop: running loop_mode dual")
         return False
