@@ -157,8 +157,8 @@ def test_a_worker_at_max_requests_keeps_serving_while_another_drains():
         print(f"requests per worker in setup: {probe.served}")
         # 8 s: A still drains after the ~200 requests below on a loaded machine.
         hold.request("GET", "/sleep?secs=8")
-        # A reaches its limit: its response says close, it drains. (+2: the
-        # harness's readiness request and the hold may have counted.)
+        # A reaches its limit: its response says close, it drains (+2 is
+        # slack: the loop ends at that response).
         for _ in range(limit - probe.served[pa] + 2):
             ca.request("GET", "/")
             r = ca.getresponse()
