@@ -207,7 +207,7 @@ impl H3Body {
                     match (&first, &mut more) {
                         (None, _) => first = Some(buf.copy_to_bytes(n)),
                         (Some(f), None) => {
-                            let mut m = BytesMut::with_capacity(COALESCE.max(f.len() + n));
+                            let mut m = BytesMut::with_capacity(self.coalesce_room(f.len() + n));
                             m.extend_from_slice(f);
                             m.put(buf);
                             more = Some(m);
@@ -335,6 +335,19 @@ impl H3Body {
         {
             self.flags.set_reset();
         }
+    }
+
+    /// The room to gather a frame in, once `held` bytes of it are read:
+    /// the rest of a declared body, up to [`COALESCE`]; without a declared
+    /// length, twice `held` (the buffer grows if more comes). Not always
+    /// [`COALESCE`]: 64 KiB is past jemalloc's thread cache, and each such
+    /// buffer cost a body of a few KB ~2k instructions to get and free.
+    fn coalesce_room(&self, held: usize) -> usize {
+        let want = match self.declared {
+            Some(d) => usize::try_from(d.saturating_sub(self.seen)).unwrap_or(COALESCE),
+            None => held.saturating_mul(2),
+        };
+        want.min(COALESCE).max(held)
     }
 
     /// Bytes read by [`H3Body::prime`] and not handed out yet.
