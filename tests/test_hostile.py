@@ -8,7 +8,7 @@ import json
 import threading
 
 import pytest
-from harness import ConnectionClosed, RawConn, request, skirr
+from harness import ConnectionClosed, RawConn, request, rss_kib, skirr, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +214,39 @@ def test_hostile_clients_do_not_disturb_an_in_flight_request(server):
         send_raw(server.port, raw)
     t.join(10)
     assert result["r"].status == 200 and result["r"].body == b"slept"
+
+
+def _in_flight(server_port: int, client_port: int) -> int:
+    """Bytes of one loopback connection the server has not read yet: the
+    client's unsent queue plus the server's unread one (/proc/net/tcp)."""
+    total, seen = 0, 0
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, remote, _, queues = line.split()[1:5]
+            ports = (int(local.split(":")[1], 16), int(remote.split(":")[1], 16))
+            tx, rx = (int(q, 16) for q in queues.split(":"))
+            if ports == (server_port, client_port):
+                total, seen = total + rx, seen + 1
+            elif ports == (client_port, server_port):
+                total, seen = total + tx, seen + 1
+    assert seen == 2, "connection not found in /proc/net/tcp"
+    return total
+
+
+def test_one_byte_chunks_to_an_app_not_reading_keep_memory_bounded():
+    """200,000 one-byte chunks (1.2 MB on the wire) to an app that has not
+    read its body, within `body_buffer`: the server reads them all and
+    holds them in memory near their size (before, an entry per chunk:
+    +14.9 MB), and serves another client meanwhile."""
+    with skirr("apps.probe:app", "--body-buffer", "1048576") as s:
+        c = RawConn(s.port)
+        c.send(b"POST /sleep?secs=5 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        client_port = c.sock.getsockname()[1]
+        wait_until(lambda: _in_flight(s.port, client_port) == 0, what="head read")
+        rss0 = rss_kib(s.proc.pid)
+        c.send(b"1\r\na\r\n" * 200_000)
+        wait_until(lambda: _in_flight(s.port, client_port) == 0, what="every chunk read")
+        grew = rss_kib(s.proc.pid) - rss0
+        print(f"200,000 one-byte chunks: RSS +{grew} KiB")
+        assert grew < 4_000, f"RSS grew {grew} KiB"
+        assert request(s.port, "GET", "/").status == 200

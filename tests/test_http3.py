@@ -688,6 +688,35 @@ def test_malformed_requests_are_stream_errors_and_the_app_is_not_called(pki):
         assert "/malformed-" not in s.logs()
 
 
+def test_a_body_its_first_read_finds_at_odds_with_its_length_is_a_stream_error(pki):
+    # RFC 9114 §4.1.2, when the first read sees it all: a length declared
+    # with the end of the stream on HEADERS (the app was called, with an
+    # empty body), and `content-length: 0` followed by DATA (the connection
+    # was closed, H3_FRAME_UNEXPECTED, and h3 panicked a task). Another
+    # request on the connection, mid-body, goes on.
+    with h3_skirr(pki) as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                waiting = c.start("POST", "/echo", headers=[("content-length", "4")], body=b"ab", end=False)
+                no_body = c.start("POST", "/declared-5", headers=[("content-length", "5")], body=b"")
+                zero = c.start("POST", "/declared-0", headers=[("content-length", "0")], body=b"hello")
+                got = [await c.response(no_body), await c.response(zero)]
+                c.send_more(waiting, b"cd", end=True)
+                return got, await c.response(waiting)
+
+        (no_body, zero), ok = run(go())
+        assert no_body.reset == H3_MESSAGE_ERROR and no_body.status == 0
+        assert zero.reset == H3_MESSAGE_ERROR and zero.status == 0
+        assert ok.status == 200 and ok.body == b"abcd"
+        wait_until(lambda: '"POST /echo HTTP/3.0" 200' in s.logs(), what="access log line")
+        # The app never answered them (the server's own 400 is logged, the
+        # stream reset in its place).
+        assert '/declared-5 HTTP/3.0" 200' not in s.logs()
+        assert "panicked" not in s.logs()
+
+
 def test_boot_error_when_the_udp_port_is_taken(pki, tmp_path):
     # A plain socket without SO_REUSEPORT holds the UDP port: no one else
     # can bind it. Its TCP twin must be free (on a busy machine a client

@@ -425,3 +425,39 @@ def test_uploads_the_app_does_not_read_are_bounded_per_connection(pki):
         assert during == 200
         assert sent < 12 << 20
         assert grew < 20_000
+
+
+def test_a_byte_per_data_frame_to_an_app_not_reading_keeps_memory_bounded(pki):
+    """One stream declaring a huge body, then two 1-byte DATA frames per
+    packet to an app that has not read yet. The read-ahead bound counts
+    bytes: before, each read's buffer was sized to the declared length
+    (64 KiB for 2 bytes: +90 MB for 40 KB sent) and each tiny chunk was an
+    entry of its own in the body queue (~60 bytes each)."""
+    with h3_skirr(pki, "apps.probe:app") as s:
+        wait_until(lambda: _tls_ready(s.port, pki["ca"]), what="TLS server")
+        pid = s.proc.pid
+
+        async def go():
+            async with h3_connect(s.port, pki["ca"]) as c:
+                sid = c.start("POST", "/sleep?secs=30", headers=[("content-length", str(10**12))], body=None, end=False)
+                await asyncio.sleep(0.3)
+                rss0 = rss_kib(pid)
+                for i in range(20_000):
+                    c.h3.send_data(sid, b"a", end_stream=False)
+                    c.h3.send_data(sid, b"b", end_stream=False)
+                    c.transmit()
+                    if i % 20 == 0:
+                        await asyncio.sleep(0.001)
+                await c.ping()  # every packet before it is in
+                await asyncio.sleep(0.3)
+                grew = rss_kib(pid) - rss0
+                c.reset(sid)
+                async with h3_connect(s.port, pki["ca"]) as other:
+                    during = (await other.request("GET", "/")).status
+                return grew, during
+
+        grew, during = run(go(), 90)
+        print(f"40,000 bytes in 1-byte DATA frames: RSS +{grew} KiB")
+        assert during == 200
+        assert grew < 8_000, f"RSS grew {grew} KiB"
+        assert "panicked" not in s.logs()

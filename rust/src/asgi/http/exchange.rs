@@ -7,7 +7,9 @@
 //!
 //! Capacity rules (every queue here is bounded):
 //! * request body: the Tokio side stops reading from the socket once
-//!   `body_bytes >= body_buffer` (backpressure to the client);
+//!   `body_bytes >= body_buffer` (backpressure to the client); chunks under
+//!   [`MERGE_BELOW`] join the last queued one, so that the bound in bytes
+//!   also bounds the entries;
 //! * response body: `send()` queues its chunk and then waits while
 //!   `out_bytes >= send_buffer` (backpressure to the app), so at most one
 //!   chunk beyond the limit is ever held. A file region
@@ -19,7 +21,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
@@ -175,6 +177,39 @@ impl Wake for Exchange {
             crate::asgi::http::protocol::on_wake(py, ctx, &self);
         }
     }
+}
+
+/// Request-body chunks under this many bytes join the last queued chunk
+/// while it stays under it too. `body_buffer` bounds the queue in bytes; a
+/// client sending a byte per DATA frame (HTTP/2, HTTP/3) or per chunk
+/// (HTTP/1.1) would otherwise queue an entry per byte: ~60 bytes of memory
+/// each, and an `http.request` message each for the app. uvicorn hands the
+/// app everything buffered as one message; this keeps chunks apart above
+/// 4 KiB.
+pub(crate) const MERGE_BELOW: usize = 4 * 1024;
+
+/// Appends `data` to the last chunk of `body` if both fit in `limit` bytes;
+/// `false` (nothing done) otherwise. The last chunk is copied once if it
+/// is shared (a slice of a read buffer), into room for twice what it then
+/// holds: a copy never holds more than twice its bytes.
+fn merge_into_last(body: &mut VecDeque<Bytes>, data: &Bytes, limit: usize) -> bool {
+    let Some(last) = body.back_mut() else {
+        return false;
+    };
+    let len = last.len() + data.len();
+    if len > limit {
+        return false;
+    }
+    let mut joined = std::mem::take(last)
+        .try_into_mut()
+        .unwrap_or_else(|shared| {
+            let mut m = BytesMut::with_capacity((len * 2).min(limit));
+            m.extend_from_slice(&shared);
+            m
+        });
+    joined.extend_from_slice(data);
+    *last = joined.freeze();
+    true
 }
 
 impl Exchange {
@@ -344,6 +379,10 @@ impl Exchange {
             return;
         }
         st.body_bytes += data.len();
+        let merge_below = MERGE_BELOW.min(max);
+        if data.len() < merge_below && merge_into_last(&mut st.body, &data, merge_below) {
+            data = Bytes::new();
+        }
         while data.len() > max {
             let head = data.split_to(max);
             st.body.push_back(head);
@@ -621,6 +660,26 @@ mod tests {
         let sizes: Vec<usize> = st.body.iter().map(Bytes::len).collect();
         assert_eq!(sizes, vec![4, 4, 2]);
         assert_eq!(st.body_bytes, 10);
+    }
+
+    #[test]
+    fn tiny_chunks_join_the_last_one_up_to_the_merge_limit() {
+        let s = shared(64 * 1024, 1 << 20, 100);
+        let ex = Arc::new(Exchange::default());
+        for _ in 0..5000 {
+            ex.push_body(Bytes::from_static(b"x"), &s);
+        }
+        ex.push_body(Bytes::from(vec![b'y'; 10_000]), &s);
+        ex.push_body(Bytes::from_static(b"z"), &s);
+        let st = ex.lock();
+        let sizes: Vec<usize> = st.body.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, vec![MERGE_BELOW, 5000 - MERGE_BELOW, 10_000, 1]);
+        assert_eq!(st.body_bytes, 15_001);
+        let all: Vec<u8> = st.body.iter().flat_map(|b| b.to_vec()).collect();
+        assert!(
+            all[..5000].iter().all(|&b| b == b'x') && all[5000..15_000].iter().all(|&b| b == b'y')
+        );
+        assert_eq!(all[15_000], b'z');
     }
 
     #[test]

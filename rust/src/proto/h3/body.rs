@@ -163,10 +163,10 @@ impl H3Body {
     /// bodyless, with no body to pump.
     pub(crate) async fn prime(&mut self) {
         poll_fn(|cx| {
-            if self.declared == Some(0) {
-                // Nothing may follow but trailers; read them as usual.
-                self.stage = Stage::Trailers;
-            }
+            // DATA is read even when `content-length: 0` is declared: h3
+            // asks for the stream's DATA to be drained before its
+            // trailers are read (it panics otherwise), and DATA there
+            // makes the request malformed, not the connection.
             if self.stage == Stage::Data {
                 match self.recv.poll_recv_data(cx) {
                     Poll::Ready(Ok(Some(mut buf))) => {
@@ -178,6 +178,10 @@ impl H3Body {
                     // Reported on the service's first poll.
                     Poll::Ready(Err(e)) => self.note_reset(&e),
                     Poll::Pending => {}
+                }
+                if self.length_broken() {
+                    // Not one byte of a malformed body reaches the app.
+                    self.first = None;
                 }
             }
             if self.stage == Stage::Trailers && self.first.is_none() {
@@ -227,15 +231,7 @@ impl H3Body {
             }
         }
         self.seen += got as u64;
-        if self.declared.is_some_and(|d| self.seen > d)
-            || (self.stage == Stage::Trailers && self.declared.is_some_and(|d| self.seen != d))
-        {
-            // RFC 9114 §4.1.2: malformed, a stream error H3_MESSAGE_ERROR.
-            self.stage = Stage::Done;
-            self.error = Some(BodyError::Length);
-            self.flags.malformed.store(true, Ordering::Relaxed);
-            self.recv.stop_sending(MESSAGE_ERROR);
-        }
+        self.length_broken();
         let data = match more {
             Some(m) => Some(m.freeze()),
             None => first,
@@ -337,17 +333,40 @@ impl H3Body {
         }
     }
 
-    /// The room to gather a frame in, once `held` bytes of it are read:
-    /// the rest of a declared body, up to [`COALESCE`]; without a declared
-    /// length, twice `held` (the buffer grows if more comes). Not always
-    /// [`COALESCE`]: 64 KiB is past jemalloc's thread cache, and each such
-    /// buffer cost a body of a few KB ~2k instructions to get and free.
-    fn coalesce_room(&self, held: usize) -> usize {
-        let want = match self.declared {
-            Some(d) => usize::try_from(d.saturating_sub(self.seen)).unwrap_or(COALESCE),
-            None => held.saturating_mul(2),
+    /// Checks the bytes read against the declared `content-length`: more
+    /// than declared, or a body that ended (`Stage::Trailers`) with fewer,
+    /// makes the request malformed (RFC 9114 §4.1.2), a stream error
+    /// H3_MESSAGE_ERROR: the body is done with [`BodyError::Length`].
+    /// `true` if so.
+    fn length_broken(&mut self) -> bool {
+        let Some(declared) = self.declared else {
+            return false;
         };
-        want.min(COALESCE).max(held)
+        let over = self.seen > declared;
+        let short = self.stage == Stage::Trailers && self.seen != declared;
+        if !(over || short) {
+            return false;
+        }
+        self.stage = Stage::Done;
+        self.error = Some(BodyError::Length);
+        self.flags.malformed.store(true, Ordering::Relaxed);
+        self.recv.stop_sending(MESSAGE_ERROR);
+        true
+    }
+
+    /// The room to gather a frame in, once `held` bytes of it are read:
+    /// twice `held`, no more than the rest of a declared body nor
+    /// [`COALESCE`] (the buffer grows if more comes). The read-ahead bound
+    /// (`body_buffer`) counts bytes, not allocations, so a buffer stays
+    /// within twice what it holds: sized to the declared length, a client
+    /// sending 2 bytes per packet made each buffer 64 KiB. And not always
+    /// [`COALESCE`]: 64 KiB is past jemalloc's thread cache, which cost a
+    /// body of a few KB ~2k instructions to get and free.
+    fn coalesce_room(&self, held: usize) -> usize {
+        let rest = self.declared.map_or(usize::MAX, |d| {
+            usize::try_from(d.saturating_sub(self.seen)).unwrap_or(usize::MAX)
+        });
+        held.saturating_mul(2).min(rest).min(COALESCE).max(held)
     }
 
     /// Bytes read by [`H3Body::prime`] and not handed out yet.
