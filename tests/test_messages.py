@@ -191,3 +191,24 @@ def test_slow_app_applies_backpressure_to_the_client(server):
         # In 1.5 s an app taking 50 ms per chunk consumes at most ~2 MiB; the
         # server buffers a bounded amount beyond that; everything else waits.
         assert sent < 16 * 1024 * 1024, f"server accepted {sent} bytes"
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_body_chunk_size_bounds_every_http_request_message(framing):
+    # A body small enough to be read whole before the app starts
+    # (`body_prefetch`) was handed over as one message, over
+    # `body_chunk_size`; a streamed one was split.
+    body = b"x" * 1500
+    with skirr("apps.probe:app", "--body-chunk-size", "1000") as s:
+        if framing == "chunked":
+            r = request(
+                s.port,
+                "POST",
+                "/upload-count",
+                headers=[("Transfer-Encoding", "chunked")],
+                body=b"5dc\r\n" + body + b"\r\n0\r\n\r\n",
+            )
+        else:
+            r = request(s.port, "POST", "/upload-count", body=body)
+        assert r.status == 200
+        assert json.loads(r.body) == {"bytes": 1500, "chunks": 2, "max_chunk": 1000}

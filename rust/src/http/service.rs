@@ -499,12 +499,12 @@ pub(crate) async fn handle<B: RequestBody>(
         ));
     }
     let (exch, mut incoming) = if bodyless {
-        (Arc::new(Exchange::with_complete_body(Bytes::new())), None)
+        (Arc::new(Exchange::bodyless()), None)
     } else {
         match body.size_hint().exact() {
             Some(len) if !expect_continue && len <= shared.config.body_prefetch as u64 => {
                 match read_small_body(&mut body, len as usize, &conn).await {
-                    Ok(data) => (Arc::new(Exchange::with_complete_body(data)), None),
+                    Ok(data) => (Arc::new(Exchange::with_complete_body(data, shared)), None),
                     // The app never sees this request; hyper closes the
                     // connection after the answer (its body is unread).
                     Err((status, reason)) => {

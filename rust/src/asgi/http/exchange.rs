@@ -213,16 +213,31 @@ fn merge_into_last(body: &mut VecDeque<Bytes>, data: &Bytes, limit: usize) -> bo
 }
 
 impl Exchange {
-    /// An exchange whose request body is already complete (`body` may be
-    /// empty for a request without one).
-    pub(crate) fn with_complete_body(body: Bytes) -> Self {
+    /// An exchange for a request without a body.
+    pub(crate) fn bodyless() -> Self {
+        Self::complete(Bytes::new(), usize::MAX)
+    }
+
+    /// An exchange whose request body is already complete, queued in
+    /// chunks of at most `body_chunk_size` bytes, as
+    /// [`Exchange::push_body`] queues them.
+    pub(crate) fn with_complete_body(body: Bytes, shared: &Worker) -> Self {
+        Self::complete(body, shared.config.body_chunk_size)
+    }
+
+    #[inline]
+    fn complete(mut body: Bytes, max_chunk: usize) -> Self {
         // Built in place: no lock taken on a state nobody else sees yet.
         let mut st = ExchState {
             body_end: true,
             ..ExchState::default()
         };
+        st.body_bytes = body.len();
+        while body.len() > max_chunk {
+            let head = body.split_to(max_chunk);
+            st.body.push_back(head);
+        }
         if !body.is_empty() {
-            st.body_bytes = body.len();
             st.body.push_back(body);
         }
         Exchange {
@@ -660,6 +675,17 @@ mod tests {
         let sizes: Vec<usize> = st.body.iter().map(Bytes::len).collect();
         assert_eq!(sizes, vec![4, 4, 2]);
         assert_eq!(st.body_bytes, 10);
+    }
+
+    #[test]
+    fn a_complete_body_is_split_into_bounded_chunks_too() {
+        let s = shared(4, 100, 100);
+        let ex = Exchange::with_complete_body(Bytes::from_static(b"0123456789"), &s);
+        let st = ex.lock();
+        let sizes: Vec<usize> = st.body.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, vec![4, 4, 2]);
+        assert_eq!(st.body_bytes, 10);
+        assert!(st.body_end);
     }
 
     #[test]
