@@ -188,6 +188,19 @@ impl Wake for Exchange {
 /// 4 KiB.
 pub(crate) const MERGE_BELOW: usize = 4 * 1024;
 
+/// Queues `data` on `body` as the app will receive it: joined to the last
+/// chunk when both fit in [`MERGE_BELOW`] (and `max_chunk`), else in chunks
+/// of at most `max_chunk` bytes (`body_chunk_size`).
+fn enqueue(body: &mut VecDeque<Bytes>, mut data: Bytes, max_chunk: usize) {
+    if data.is_empty() || merge_into_last(body, &data, MERGE_BELOW.min(max_chunk)) {
+        return;
+    }
+    while data.len() > max_chunk {
+        body.push_back(data.split_to(max_chunk));
+    }
+    body.push_back(data);
+}
+
 /// Appends `data` to the last chunk of `body` if both fit in `limit` bytes;
 /// `false` (nothing done) otherwise. The last chunk is copied once if it
 /// is shared (a slice of a read buffer), into room for twice what it then
@@ -226,20 +239,14 @@ impl Exchange {
     }
 
     #[inline]
-    fn complete(mut body: Bytes, max_chunk: usize) -> Self {
+    fn complete(body: Bytes, max_chunk: usize) -> Self {
         // Built in place: no lock taken on a state nobody else sees yet.
         let mut st = ExchState {
             body_end: true,
             ..ExchState::default()
         };
         st.body_bytes = body.len();
-        while body.len() > max_chunk {
-            let head = body.split_to(max_chunk);
-            st.body.push_back(head);
-        }
-        if !body.is_empty() {
-            st.body.push_back(body);
-        }
+        enqueue(&mut st.body, body, max_chunk);
         Exchange {
             st: Mutex::new(st),
             wake: WakeSlot::default(),
@@ -379,7 +386,7 @@ impl Exchange {
 
     /// Queues request-body data, split into chunks the app may receive.
     /// A body growing past `max_body_size` rejects the request (413).
-    pub(crate) fn push_body(self: &Arc<Self>, mut data: Bytes, shared: &Worker) {
+    pub(crate) fn push_body(self: &Arc<Self>, data: Bytes, shared: &Worker) {
         let max = shared.config.body_chunk_size;
         let mut st = self.st.lock();
         st.body_total += data.len() as u64;
@@ -394,17 +401,7 @@ impl Exchange {
             return;
         }
         st.body_bytes += data.len();
-        let merge_below = MERGE_BELOW.min(max);
-        if data.len() < merge_below && merge_into_last(&mut st.body, &data, merge_below) {
-            data = Bytes::new();
-        }
-        while data.len() > max {
-            let head = data.split_to(max);
-            st.body.push_back(head);
-        }
-        if !data.is_empty() {
-            st.body.push_back(data);
-        }
+        enqueue(&mut st.body, data, max);
         let wake = !st.recv_waiters.is_empty();
         drop(st);
         if wake {
