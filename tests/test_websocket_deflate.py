@@ -116,9 +116,42 @@ def test_compressed_frames_both_ways_with_fragments_and_context(server):
         assert c.read_close() == (1000, "")
 
 
+@pytest.mark.parametrize("offer", ["permessage-deflate", "permessage-deflate; client_no_context_takeover"])
+def test_messages_ending_in_a_final_block_are_read(server, offer):
+    # RFC 7692 §7.2.3.4: a sender without sync flush ends each message with
+    # a final DEFLATE block (zlib's Z_FINISH); the RFC's example adds a 00
+    # octet. The next message, sync-flushed or not, starts a new stream.
+    rfc_hello = bytes.fromhex("f348cdc9c90700")
+
+    def finished(data: bytes) -> bytes:
+        c = zlib.compressobj(wbits=-15)
+        return c.compress(data) + c.flush(zlib.Z_FINISH)
+
+    long_text = b"the quick brown fox " * 10
+    sent = [
+        (rfc_hello + b"\x00", b"Hello"),
+        (rfc_hello, b"Hello"),
+        (finished(long_text), long_text),
+        (deflate(long_text), long_text),
+        (finished(long_text) + b"\x00", long_text),
+    ]
+    with WsConn(server.port) as c:
+        c.handshake("/echo", extra=OFFER.format(offer))
+        for payload, text in sent:
+            c.send(frame(TEXT, payload, rsv=0b100))
+            opcode, fin, got = c.read_frame()
+            if len(text) >= 16:  # ws_deflate_min_size: echoed compressed
+                got = inflate(got)
+            assert (opcode, fin, got) == (TEXT, True, text), payload.hex()
+        c.send(frame(CLOSE, close_payload(1000)))
+        assert c.read_close() == (1000, "")
+
+
 @pytest.mark.parametrize(
     "frames",
     [
+        # Data after a final block that is not DEFLATE.
+        lambda: frame(BINARY, bytes.fromhex("f348cdc9c90700") + b"\xff\xff", rsv=0b100),
         # RSV1 on a continuation frame.
         lambda: frame(TEXT, deflate(b"ab"), fin=False, rsv=0b100) + frame(CONT, b"", rsv=0b100),
         # RSV1 on a control frame.

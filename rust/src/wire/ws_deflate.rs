@@ -10,6 +10,13 @@
 //! connection holds only its decompressor, created on the first compressed
 //! message and dropped after each one when the client has no context
 //! takeover.
+//!
+//! A message may also end its DEFLATE data with a final block (BFINAL=1,
+//! §7.2.3.4, as a sender without sync flush does): the DEFLATE stream ends
+//! there, and what follows (the RFC's example adds one `00` octet, which with
+//! the appended tail is an empty stored block) starts a new one, as does
+//! the next message. The new stream has no window of the old one; a sender
+//! that ends its stream has reset its own.
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
@@ -133,6 +140,10 @@ pub struct Inflater {
     state: Option<Decompress>,
     bits: u8,
     takeover: bool,
+    /// The message's DEFLATE stream ended at a final block and no byte of
+    /// the message came after it: the appended tail is not fed (it would
+    /// begin a stored block that the next message's bytes would fill).
+    ended: bool,
 }
 
 impl Inflater {
@@ -144,6 +155,7 @@ impl Inflater {
             // raw inflate through flate2); a larger window reads any smaller.
             bits: agreed.client_max_window_bits.clamp(9, 15),
             takeover: !agreed.client_no_context_takeover,
+            ended: false,
         }
     }
 
@@ -159,27 +171,52 @@ impl Inflater {
         out: &mut Vec<u8>,
         limit: usize,
     ) -> Result<(), InflateError> {
-        let bits = self.bits;
-        let d = self
-            .state
-            .get_or_insert_with(|| Decompress::new_with_window_bits(false, bits));
-        run_inflate(d, input, out, limit)?;
+        self.feed(input, out, limit)?;
         if last {
-            run_inflate(d, &TAIL, out, limit)?;
+            if !std::mem::take(&mut self.ended) {
+                self.feed(&TAIL, out, limit)?;
+            }
             if !self.takeover {
                 self.state = None;
             }
         }
         Ok(())
     }
+
+    /// Inflates `input` into `out`; past the end of a DEFLATE stream, into a
+    /// new one (module docs).
+    fn feed(&mut self, input: &[u8], out: &mut Vec<u8>, limit: usize) -> Result<(), InflateError> {
+        let mut rest = input;
+        while !rest.is_empty() {
+            let bits = self.bits;
+            let d = self
+                .state
+                .get_or_insert_with(|| Decompress::new_with_window_bits(false, bits));
+            self.ended = false;
+            match run_inflate(d, rest, out, limit)? {
+                None => return Ok(()),
+                // A new stream cannot end before its first byte; were it
+                // to, `rest` would not shrink.
+                Some(0) => return Err(InflateError::Corrupt),
+                Some(used) => {
+                    self.state = None;
+                    self.ended = true;
+                    rest = &rest[used..];
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
+/// Inflates `input` into `out` (at most `limit` bytes in all): `Some(n)`
+/// when the stream ended at a final block after `n` bytes of `input`.
 fn run_inflate(
     d: &mut Decompress,
     input: &[u8],
     out: &mut Vec<u8>,
     limit: usize,
-) -> Result<(), InflateError> {
+) -> Result<Option<usize>, InflateError> {
     let before_in = d.total_in();
     loop {
         let consumed = (d.total_in() - before_in) as usize;
@@ -202,18 +239,11 @@ fn run_inflate(
         let consumed_all = (d.total_in() - before_in) as usize == input.len();
         let filled = out.capacity() - out.len() == 0 && room > 0;
         match status {
-            // The message's DEFLATE data may end with a final block; a
-            // peer sending more after it is corrupt.
-            Status::StreamEnd => {
-                return if consumed_all {
-                    Ok(())
-                } else {
-                    Err(InflateError::Corrupt)
-                }
-            }
+            // A final block: the stream ends after the bytes it took.
+            Status::StreamEnd => return Ok(Some((d.total_in() - before_in) as usize)),
             Status::Ok | Status::BufError => {
                 if consumed_all && !filled {
-                    return Ok(());
+                    return Ok(None);
                 }
                 if !filled && matches!(status, Status::BufError) {
                     // No progress possible with input left: corrupt.
@@ -272,6 +302,38 @@ mod tests {
             Err(InflateError::TooBig)
         );
         assert!(out.capacity() <= (1 << 20) + 1, "{}", out.capacity());
+    }
+
+    /// RFC 7692 §7.2.3.4's "Hello" in a final block (with its `00` octet
+    /// and without), then §7.2.3.1's sync-flushed "Hello", on one
+    /// connection: each message reads whole, with and without takeover.
+    #[test]
+    fn a_final_block_ends_the_stream_and_the_next_message_starts_anew() {
+        const FINAL: [u8; 7] = [0xf3, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
+        const SYNC: [u8; 7] = [0xf2, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
+        let with_octet = [&FINAL[..], &[0x00]].concat();
+        for cnct in [false, true] {
+            let mut i = Inflater::new(&agreed(false, cnct));
+            for msg in [&with_octet[..], &FINAL, &SYNC, &FINAL, &with_octet, &SYNC] {
+                let mut out = Vec::new();
+                // Split as frames may split it.
+                i.inflate(&msg[..3], false, &mut out, 100).unwrap();
+                i.inflate(&msg[3..], true, &mut out, 100).unwrap();
+                assert_eq!(out, b"Hello", "{msg:02x?} cnct={cnct}");
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_after_a_final_block_must_be_deflate_too() {
+        const FINAL: [u8; 7] = [0xf3, 0x48, 0xcd, 0xc9, 0xc9, 0x07, 0x00];
+        let mut i = Inflater::new(&agreed(false, false));
+        let mut out = Vec::new();
+        let msg = [&FINAL[..], &[0xff, 0xff]].concat();
+        assert_eq!(
+            i.inflate(&msg, true, &mut out, 100),
+            Err(InflateError::Corrupt)
+        );
     }
 
     #[test]
