@@ -58,6 +58,13 @@ def test_invalid_send_raises_a_clear_error(server, case, error, words):
         assert w in got["message"], (w, got["message"])
 
 
+def test_message_keys_equal_to_the_names_are_read_as_the_names(server):
+    # The usual literal keys are read by identity in one pass; any other
+    # key must give what `message[key]` gives.
+    r = request(server.port, "GET", "/keys-built")
+    assert (r.status, r.header("x-k"), r.body) == (201, "1", b"abc")
+
+
 def test_send_after_complete_raises_oserror_and_receive_reports_disconnect(server):
     r = request(server.port, "GET", "/after-complete")
     assert r.body == b"done"

@@ -223,6 +223,14 @@ def test_invalid_send_messages_raise_clear_errors(server):
     assert b.startswith("TypeError:") and "'text' must be a str" in b
 
 
+def test_send_keys_equal_to_the_names_are_read_as_the_names(server):
+    async def go():
+        async with websockets.connect(f"ws://127.0.0.1:{server.port}/keys-built") as ws:
+            return [await ws.recv(), await ws.recv(), await ws.recv()]
+
+    assert run(go()) == ["a", b"b", "c"]
+
+
 def test_exception_after_accept_closes_with_1011(server):
     with WsConn(server.port) as c:
         c.handshake("/error-after-accept")

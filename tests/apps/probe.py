@@ -120,6 +120,21 @@ async def invalid(case, send):
     await respond_json(send, {"error": None})
 
 
+class Key(str):
+    """A key equal to a name but not the interned string itself."""
+
+
+async def keys_built(send):
+    """Messages whose keys are equal to the names, not identical to them:
+    built at run time, a ``str`` subclass, an extra key, a dict subclass."""
+    status, more = "".join(["sta", "tus"]), "".join(["more_", "body"])
+    start = {"type": "http.response.start", status: 201, Key("headers"): [(b"x-k", b"1")], "x-extra": 1}
+    await send(start)
+    await send({"type": "http.response.body", "body": b"a", more: True})
+    await send({"type": "http.response.body", Key("body"): b"b", Key("more_body"): True})
+    await send(type("Message", (dict,), {})(type="http.response.body", body=b"c"))
+
+
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
         return await lifespan(scope, receive, send)
@@ -283,6 +298,8 @@ async def app(scope, receive, send):
         return
     if path == "/invalid":
         return await invalid(q["case"], send)
+    if path == "/keys-built":
+        return await keys_built(send)
     if path == "/error-before":
         raise RuntimeError("boom before start (secret-token-123)")
     if path == "/error-after":

@@ -12,6 +12,10 @@ EVENTS: list = []
 SENT: dict = {}
 
 
+class Key(str):
+    """A key equal to a name but not the interned string itself."""
+
+
 def record(e):
     EVENTS.append(e)
     path = os.environ.get("WS_EVENTS_FILE")
@@ -103,6 +107,14 @@ async def app(scope, receive, send):
             await send({"type": "websocket.send", "text": b"bytes-as-text"})
         except TypeError as e:
             await send({"type": "websocket.send", "text": f"TypeError: {e}"})
+        await send({"type": "websocket.close"})
+        return
+    if path == "/keys-built":
+        # Keys equal to the names but not the interned strings, an extra
+        # key, None for the other field: read as `message[key]` reads them.
+        await send({"type": "websocket.send", "".join(["te", "xt"]): "a", "bytes": None})
+        await send({"type": "websocket.send", Key("bytes"): b"b", "x-extra": 1})
+        await send(type("Message", (dict,), {})(type="websocket.send", text="c"))
         await send({"type": "websocket.close"})
         return
     if path == "/slow-reader":

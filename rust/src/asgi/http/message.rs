@@ -120,7 +120,7 @@ pub(crate) fn body_bytes(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Bytes> {
     )))
 }
 
-use crate::asgi::message::{message_type, type_name};
+use crate::asgi::message::{keys_by_identity, message_type, type_name};
 
 /// One `(name, value)` header pair into `map`.
 ///
@@ -370,6 +370,48 @@ fn interim_size(headers: &HeaderMap, what: &str) -> PyResult<()> {
     Ok(())
 }
 
+/// `http.response.body` from its `body` and `more_body` values.
+fn response_body(
+    body: Option<Bound<'_, PyAny>>,
+    more_body: Option<Bound<'_, PyAny>>,
+) -> PyResult<HttpSend> {
+    let body = match body {
+        Some(b) => body_bytes(&b, "http.response.body 'body'")?,
+        None => Bytes::new(),
+    };
+    let more_body = match more_body {
+        Some(m) if m.is(&*pyo3::types::PyBool::new(m.py(), false)) => false,
+        Some(m) => m.is_truthy()?,
+        None => false,
+    };
+    Ok(HttpSend::Body { body, more_body })
+}
+
+/// `http.response.start` from its `status`, `headers` and `trailers`
+/// values.
+fn response_start(
+    status: Option<Bound<'_, PyAny>>,
+    headers: Option<Bound<'_, PyAny>>,
+    trailers: Option<Bound<'_, PyAny>>,
+) -> PyResult<HttpSend> {
+    const WHAT: &str = "http.response.start";
+    let status = parse_status(status, WHAT)?;
+    let (headers, has_length) = match headers {
+        Some(h) => fields(&h, WHAT)?,
+        None => (HeaderMap::new(), false),
+    };
+    let trailers = match trailers {
+        Some(tr) => tr.is_truthy()?,
+        None => false,
+    };
+    Ok(HttpSend::Start {
+        status,
+        headers,
+        trailers,
+        has_length,
+    })
+}
+
 /// Parses an HTTP `send()` message.
 ///
 /// Errors: `TypeError`/`RuntimeError` naming the offending field, or
@@ -377,19 +419,36 @@ fn interim_size(headers: &HeaderMap, what: &str) -> PyResult<()> {
 pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> {
     let py = message.py();
     let n = names(py);
+    // The two messages of every response, their keys read in one pass.
+    if let Some([Some(t), body, more_body, status, headers, trailers]) =
+        message.cast::<PyDict>().ok().and_then(|d| {
+            keys_by_identity(
+                d,
+                [
+                    &n.type_,
+                    &n.body,
+                    &n.more_body,
+                    &n.status,
+                    &n.headers,
+                    &n.trailers,
+                ],
+            )
+        })
+    {
+        // A type holding a dot is not interned: compared by content.
+        match t.cast::<PyString>().ok().and_then(|t| t.to_str().ok()) {
+            Some("http.response.body") => return response_body(body, more_body),
+            Some("http.response.start") => return response_start(status, headers, trailers),
+            _ => {}
+        }
+    }
     let (d, t) = message_type(message)?;
     let kind = t.to_str().unwrap_or("");
     if kind == "http.response.body" {
-        let body = match d.get_item(n.body.bind(py))? {
-            Some(b) => body_bytes(&b, "http.response.body 'body'")?,
-            None => Bytes::new(),
-        };
-        let more_body = match d.get_item(n.more_body.bind(py))? {
-            Some(m) if m.is(&*pyo3::types::PyBool::new(py, false)) => false,
-            Some(m) => m.is_truthy()?,
-            None => false,
-        };
-        return Ok(HttpSend::Body { body, more_body });
+        return response_body(
+            d.get_item(n.body.bind(py))?,
+            d.get_item(n.more_body.bind(py))?,
+        );
     }
     if kind == "http.response.pathsend" {
         let path = d
@@ -407,22 +466,11 @@ pub(crate) fn parse_http_send(message: &Bound<'_, PyAny>) -> PyResult<HttpSend> 
         return zerocopy::parse(&d).map(HttpSend::ZeroCopy);
     }
     if kind == "http.response.start" {
-        const WHAT: &str = "http.response.start";
-        let status = parse_status(d.get_item(n.status.bind(py))?, WHAT)?;
-        let (headers, has_length) = match d.get_item(n.headers.bind(py))? {
-            Some(h) => fields(&h, WHAT)?,
-            None => (HeaderMap::new(), false),
-        };
-        let trailers = match d.get_item(n.trailers.bind(py))? {
-            Some(tr) => tr.is_truthy()?,
-            None => false,
-        };
-        return Ok(HttpSend::Start {
-            status,
-            headers,
-            trailers,
-            has_length,
-        });
+        return response_start(
+            d.get_item(n.status.bind(py))?,
+            d.get_item(n.headers.bind(py))?,
+            d.get_item(n.trailers.bind(py))?,
+        );
     }
     if kind == "http.response.early_hint" {
         return early_hint(&d).map(HttpSend::Interim);

@@ -11,14 +11,14 @@ use http::{HeaderMap, StatusCode};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString};
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::CloseFrame;
 use tungstenite::Message;
 
 use crate::asgi::context::AppContext;
 use crate::asgi::http::exchange::ResponseHead;
-use crate::asgi::message::{event, message_type};
+use crate::asgi::message::{event, keys_by_identity, message_type};
 use crate::asgi::websocket::shared::{
     has_room, wake_tokio, Decision, Outgoing, PendingSend, WsShared, WsState, ABNORMAL, MAX_PENDING,
 };
@@ -453,11 +453,27 @@ impl WebSocketProtocol {
         py: Python<'py>,
         message: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let n = names(py);
+        // Every message of an open WebSocket: its keys read in one pass.
+        if let Some([Some(t), bytes, text]) = message
+            .cast::<PyDict>()
+            .ok()
+            .and_then(|d| keys_by_identity(d, [&n.type_, &n.bytes, &n.text]))
+        {
+            if t.cast::<PyString>().ok().and_then(|t| t.to_str().ok()) == Some("websocket.send") {
+                let absent = |v: Option<Bound<'py, PyAny>>| v.filter(|v| !v.is_none());
+                return self.send_message(py, absent(bytes), absent(text), self.st.lock());
+            }
+        }
         let (d, t) = message_type(message)?;
         let kind = t.to_str().unwrap_or("");
+        if kind == "websocket.send" {
+            // Read before the lock: a key's `__eq__` may be Python code.
+            let (bytes, text) = (send::get(&d, &n.bytes)?, send::get(&d, &n.text)?);
+            return self.send_message(py, bytes, text, self.st.lock());
+        }
         let st = self.st.lock();
         match kind {
-            "websocket.send" => self.send_message(py, &d, st),
             "websocket.accept" => self.accept(py, &d, st),
             "websocket.close" => self.close(py, &d, st),
             "websocket.http.response.start" => self.response_start(py, &d, st),

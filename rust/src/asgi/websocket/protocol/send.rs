@@ -18,7 +18,10 @@ use crate::bridge::names::names;
 use crate::errors::ClientDisconnected;
 
 /// `message[k]`, `None` counting as absent.
-fn get<'py>(d: &Bound<'py, PyDict>, k: &Py<PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {
+pub(super) fn get<'py>(
+    d: &Bound<'py, PyDict>,
+    k: &Py<PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     Ok(d.get_item(k.bind(d.py()))?.filter(|v| !v.is_none()))
 }
 
@@ -48,14 +51,15 @@ fn get_headers(d: &Bound<'_, PyDict>, what: &str) -> PyResult<HeaderMap> {
 }
 
 impl WebSocketProtocol {
-    /// `websocket.send`: one message, behind the ones still waiting.
+    /// `websocket.send`: one message, behind the ones still waiting;
+    /// `bytes` and `text` as [`get`] reads them.
     pub(super) fn send_message<'py>(
         &self,
         py: Python<'py>,
-        d: &Bound<'py, PyDict>,
+        bytes: Option<Bound<'py, PyAny>>,
+        text: Option<Bound<'py, PyAny>>,
         st: MutexGuard<'_, ProtoState>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let n = names(py);
         match st.phase {
             Phase::Accepted => {}
             Phase::Closed if self.client_left() => {
@@ -72,7 +76,7 @@ impl WebSocketProtocol {
                 ))
             }
         }
-        let msg = match (get(d, &n.bytes)?, get(d, &n.text)?) {
+        let msg = match (bytes, text) {
             (Some(b), None) => {
                 Outgoing::Ready(Message::Binary(body_bytes(&b, "websocket.send 'bytes'")?))
             }
