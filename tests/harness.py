@@ -414,6 +414,15 @@ def gunicorn(app: str, *args: str, env: dict | None = None, ready: bool = True, 
         server.stop(timeout=15)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now, for a server that
+    binds it itself (a Gunicorn master's `-b HOST:PORT`, `reuse_port`
+    sockets bound in each worker, a metrics listener)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def worker_pids(master_pid: int) -> list[int]:
     """Child pids of a Gunicorn master."""
     out = subprocess.run(["pgrep", "-P", str(master_pid)], capture_output=True, text=True)

@@ -16,15 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import PY, ROOT, RawConn, gunicorn, listening_socket, request, start, wait_until, worker_pids
+from harness import PY, ROOT, RawConn, free_port, gunicorn, listening_socket, request, start, wait_until, worker_pids
 
 APP = "apps.probe:app"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(port: int, host: str = "127.0.0.1", family=socket.AF_INET) -> bool:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import select
-import socket
 import threading
 import time
 
 import pytest
-from harness import PY, RawConn, gunicorn, request, skirr, start, wait_until, worker_pids
+from harness import PY, RawConn, free_port, gunicorn, request, skirr, start, wait_until, worker_pids
 
 APP = "apps.probe:app"
 STALL = {"SKIRR_LOOP_STALL_TIMEOUT": "0.5"}
@@ -30,11 +29,6 @@ MODES = {
 def mode(request) -> dict:
     return MODES[request.param]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fetch(port: int, path: str, timeout: float = 20.0):

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import PY, TIMEOUT, RawConn, gunicorn, request, skirr, start, wait_until, worker_pids
+from harness import PY, TIMEOUT, RawConn, free_port, gunicorn, request, skirr, start, wait_until, worker_pids
 from prometheus_client.parser import text_string_to_metric_families
 
 APP = "apps.metrics_app:app"
@@ -32,13 +32,6 @@ def dashboard_exprs() -> list[str]:
     exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
     return [e.replace("$__rate_interval", "1m").replace("$__range", "5m").replace("$job", ".*") for e in exprs]
 
-
-def free_port() -> int:
-    """A port nothing listens on now (the server binds it itself: the
-    master makes the metrics listener before it forks)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape_text(port: int) -> str:

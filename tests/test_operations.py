@@ -6,12 +6,14 @@ issue asks."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import threading
+import time
 
 import pytest
-from harness import PY, ROOT, RawConn, gunicorn, request, skirr, wait_until
+from harness import PY, ROOT, RawConn, gunicorn, request, skirr, wait_until, worker_pids
 
 APP = "apps.probe:app"
 HEALTH = {"SKIRR_HEALTH_PATH": "/_health"}
@@ -68,6 +70,38 @@ def test_health_path_says_starting_until_lifespan_startup_completes():
         r = request(s.port, "GET", "/events")
         assert r.status == 200 and json.loads(r.body) == ["startup"]
         assert health(s.port) == (200, "ok")
+
+
+def test_a_starting_worker_leaves_a_shared_socket_to_the_worker_that_serves():
+    # -w 2 on Gunicorn's shared socket: a worker replaced (here killed)
+    # spends 3 s in lifespan startup. Accepting meanwhile (for "starting"
+    # on the health path) it took about half of the new connections, which
+    # waited for its startup, and probes flapped to 503 while the other
+    # worker served. It now accepts once started; the other takes them all.
+    env = {**HEALTH, "PROBE_LIFESPAN": "slow-startup", "PROBE_STARTUP_DELAY": "3"}
+    with gunicorn(APP, "-w", "2", env=env) as g:
+        wait_until(lambda: len(worker_pids(g.proc.pid)) == 2, what="2 workers")
+        wait_until(lambda: _health_or_none(g.port) == (200, "ok"), timeout=20, what="a worker serving")
+        old = set(worker_pids(g.proc.pid))
+        seen = set()
+        # Both serving: each has answered /pid (the kernel picks the one).
+        wait_until(
+            lambda: seen.add(int(request(g.port, "GET", "/pid").body)) or seen == old,
+            timeout=20,
+            what="both workers serving",
+        )
+        os.kill(sorted(old)[0], signal.SIGKILL)
+        wait_until(lambda: len(set(worker_pids(g.proc.pid)) - old) == 1, what="a replacement")
+        answers, slow = [], []
+        end = time.monotonic() + 2.0  # inside the replacement's startup
+        while time.monotonic() < end:
+            t = time.monotonic()
+            answers.append(_health_or_none(g.port))
+            if time.monotonic() - t > 1.0:
+                slow.append(round(time.monotonic() - t, 2))
+        assert answers and all(a == (200, "ok") for a in answers), answers
+        assert slow == [], slow
+        assert "starting" not in {a[1] for a in answers if a}
 
 
 def _health_or_none(port: int):

@@ -228,6 +228,19 @@ def load_error_app(report: str) -> Any:
     return app
 
 
+def _own_listeners(cfg) -> bool:
+    """Whether Gunicorn bound this worker's sockets in the worker itself
+    (``reuse_port``: ``spawn_worker``), so that they are its alone. Skirr
+    then shuts them down when the worker stops accepting, and the kernel
+    sends new connections to the other workers' sockets. Sockets given as
+    ``fd://N`` are shared even then (each worker wraps the same one)."""
+    return (
+        bool(cfg.reuse_port)
+        and hasattr(socket, "SO_REUSEPORT")
+        and not any(isinstance(a, int) for a in cfg.address)
+    )
+
+
 #: The master's recycle lock file, per master pid (see ``_recycle_lock_fd``).
 _RECYCLE_LOCKS: dict[int, int] = {}
 
@@ -395,6 +408,12 @@ class RustWorker(Worker):
         extra: dict[str, Any] = {}
         if self._recycle_fd is not None and values["max_requests"] > 0:
             extra["recycle_lock_fd"] = self._recycle_fd
+        if _own_listeners(self.cfg):
+            extra["own_listeners"] = True
+        elif self.cfg.workers > 1:
+            # Other workers accept on the same socket: a connection this one
+            # took during lifespan startup would wait for it.
+            extra["accept_during_startup"] = False
         if self._h3_steer is not None:
             extra["http3_steer"] = h3steer.take(self._h3_steer)
         rust = config.rust_config(values, parent_pid=self.ppid, sigint_graceful=False, access_log=True, **extra)

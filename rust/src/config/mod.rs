@@ -109,6 +109,18 @@ pub struct Config {
     /// the master's workers lock so that their `max_requests` recycles do
     /// not overlap (`server::recycle`). Set by `skirr.RustWorker`.
     pub recycle_lock_fd: Option<i32>,
+    /// The TCP listeners are this worker's alone (Gunicorn's `reuse_port`
+    /// binds them in each worker): when it stops accepting it takes what is
+    /// queued on them and shuts them down (`server::listen::hand_over`).
+    /// Set by `skirr.RustWorker`; default false (shared sockets must stay
+    /// open for the other workers).
+    pub own_listeners: bool,
+    /// With a health path, accept during lifespan startup, so the path can
+    /// answer `503 starting` (other requests wait for startup). Default
+    /// true; `skirr.RustWorker` turns it off when other workers share the
+    /// socket: a connection it took would wait for its startup while
+    /// another worker could serve it at once.
+    pub accept_during_startup: bool,
     /// Whether SIGINT is graceful (standalone) or quick (Gunicorn).
     pub sigint_graceful: bool,
     /// Emit one access-log line per request.
@@ -252,6 +264,8 @@ impl Default for Config {
             send_buffer: 256 * 1024,
             parent_pid: None,
             recycle_lock_fd: None,
+            own_listeners: false,
+            accept_during_startup: true,
             sigint_graceful: true,
             access_log: false,
             ws_max_message_size: 16 << 20,
@@ -396,6 +410,8 @@ impl Config {
             "send_buffer" => c.send_buffer = count::<usize>(v, key)?.max(1),
             "parent_pid" => c.parent_pid = v.extract()?,
             "recycle_lock_fd" => c.recycle_lock_fd = v.extract()?,
+            "own_listeners" => c.own_listeners = v.extract()?,
+            "accept_during_startup" => c.accept_during_startup = v.extract()?,
             "sigint_graceful" => c.sigint_graceful = v.extract()?,
             "access_log" => c.access_log = v.extract()?,
             "server_timing" => c.server_timing = v.extract()?,

@@ -8,7 +8,9 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::net::{TcpListener, UnixListener};
+use std::net::SocketAddr;
+
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -157,11 +159,11 @@ pub(crate) async fn accept_loop(
             Some(sem) => tokio::select! {
                 p = Arc::clone(sem).acquire_owned() => match p {
                     Ok(p) => Some(p),
-                    Err(_) => return Ok(()),
+                    Err(_) => break,
                 },
                 // Every slot held: newcomers waiting get slots in turn.
-                _ = admission::while_full(&shared, &l) => return Ok(()),
-                _ = stop.cancelled() => return Ok(()),
+                _ = admission::while_full(&shared, &l) => break,
+                _ = stop.cancelled() => break,
             },
             None => None,
         };
@@ -170,28 +172,12 @@ pub(crate) async fn accept_loop(
         drop(permit);
         tokio::select! {
             _ = gate.open() => {}
-            _ = stop.cancelled() => return Ok(()),
+            _ = stop.cancelled() => break,
         }
         let res = match &l {
             L::Tcp(t) => tokio::select! {
-                r = t.accept() => r.map(|(s, peer)| {
-                    let _ = s.set_nodelay(true);
-                    let (shared, info) = (Arc::clone(&shared), Arc::clone(&info));
-                    let (builders, limit) = (Arc::clone(&control.builders), control.limit.clone());
-                    let early = try_slot(&limit);
-                    if shared.tls.is_some() || shared.config.proxy_protocol.is_some() {
-                        control.tracker.spawn(async move {
-                            let permit = slot(early, limit).await;
-                            accept::serve_tcp(s, shared, info, builders, peer, permit).await
-                        });
-                    } else {
-                        control.tracker.spawn(async move {
-                            let permit = slot(early, limit).await;
-                            proto::serve(s, shared, info, builders, Some(peer), permit, None).await
-                        });
-                    }
-                }),
-                _ = stop.cancelled() => return Ok(()),
+                r = t.accept() => r.map(|(s, peer)| spawn_tcp(s, peer, &shared, &info, &control)),
+                _ = stop.cancelled() => break,
                 _ = gate.shut() => continue,
             },
             L::Unix(u) => tokio::select! {
@@ -204,7 +190,7 @@ pub(crate) async fn accept_loop(
                         proto::serve(s, shared, info, builders, None, permit, None).await
                     });
                 }),
-                _ = stop.cancelled() => return Ok(()),
+                _ = stop.cancelled() => break,
                 _ = gate.shut() => continue,
             },
         };
@@ -220,11 +206,84 @@ pub(crate) async fn accept_loop(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    _ = stop.cancelled() => return Ok(()),
+                    _ = stop.cancelled() => break,
                 }
             }
             // ECONNABORTED and friends concern one client only.
             Err(e) => tracing::debug!("accept failed: {e}"),
         }
     }
+    if let (L::Tcp(t), true) = (&l, shared.config.own_listeners) {
+        hand_over(t, &shared, &info, &control);
+    }
+    Ok(())
+}
+
+/// Serves an accepted TCP connection (TLS and the PROXY protocol first,
+/// where configured) as a tracked task, in a connection slot.
+fn spawn_tcp(
+    s: TcpStream,
+    peer: SocketAddr,
+    shared: &Arc<Worker>,
+    info: &Arc<ListenerInfo>,
+    control: &ConnControl,
+) {
+    let _ = s.set_nodelay(true);
+    let (shared, info) = (Arc::clone(shared), Arc::clone(info));
+    let (builders, limit) = (Arc::clone(&control.builders), control.limit.clone());
+    let early = try_slot(&limit);
+    if shared.tls.is_some() || shared.config.proxy_protocol.is_some() {
+        control.tracker.spawn(async move {
+            let permit = slot(early, limit).await;
+            accept::serve_tcp(s, shared, info, builders, peer, permit).await
+        });
+    } else {
+        control.tracker.spawn(async move {
+            let permit = slot(early, limit).await;
+            proto::serve(s, shared, info, builders, Some(peer), permit, None).await
+        });
+    }
+}
+
+/// Stops a listener of this worker's own (`own_listeners`, Gunicorn's
+/// `reuse_port`) taking connections: takes those the kernel has queued on
+/// it, then shuts it down, which takes it out of its `SO_REUSEPORT` group,
+/// so new connections go to the other workers' sockets. Left open until the
+/// process exits (Python holds it too), it was still handed its share of
+/// new connections, which waited unanswered and were reset at the exit.
+/// Those that complete their handshake between the last accept and the
+/// shutdown are still reset, unless `net.ipv4.tcp_migrate_req` is 1 (the
+/// kernel then moves them to another socket of the group).
+fn hand_over(
+    t: &TcpListener,
+    shared: &Arc<Worker>,
+    info: &Arc<ListenerInfo>,
+    control: &ConnControl,
+) {
+    use nix::sys::socket::{accept4, shutdown, Shutdown, SockFlag};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut taken = 0;
+    loop {
+        // The socket itself, not tokio's readiness: connections queued
+        // since the reactor last looked count too.
+        let fd = match accept4(
+            t.as_raw_fd(),
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        ) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::ECONNABORTED) => continue,
+            Err(_) => break,
+        };
+        // SAFETY: `accept4` returned a new descriptor that nothing else owns.
+        let std = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+        let (Ok(peer), Ok(s)) = (std.peer_addr(), TcpStream::from_std(std)) else {
+            continue;
+        };
+        spawn_tcp(s, peer, shared, info, control);
+        taken += 1;
+    }
+    if let Err(e) = shutdown(t.as_raw_fd(), Shutdown::Both) {
+        tracing::debug!("shutting the listener down failed: {e}");
+    }
+    tracing::debug!("listener handed over ({taken} queued connection(s) taken)");
 }

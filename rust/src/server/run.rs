@@ -280,8 +280,9 @@ pub(crate) async fn run(
     let mut acceptors = Vec::new();
     let mut listeners = Some(bind(listeners, h3.as_deref(), cfg)?);
     // With a health path, accepting starts before lifespan startup, so the
-    // path can say "starting" (other requests wait for startup).
-    if shared.health.enabled() {
+    // path can say "starting" (other requests wait for startup); not where
+    // other workers share the socket (`accept_during_startup`).
+    if shared.health.enabled() && cfg.accept_during_startup {
         acceptors = spawn_acceptors(
             listeners.take(),
             &shared,
