@@ -38,8 +38,10 @@ WORKDIR /app
 COPY examples examples
 USER 10001
 EXPOSE 8000
+# Skirr answers the health path itself, without the app (README, "Health path").
+ENV SKIRR_HEALTH_PATH=/_health
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/_health', timeout=2).status != 200)"]
 # Gunicorn is PID 1 (exec form): SIGTERM from `docker stop` reaches the master,
 # which drains its workers within --graceful-timeout.
 STOPSIGNAL SIGTERM

@@ -66,6 +66,8 @@ def test_image_steps_serve_the_example_app(tmp_path):
     )
     app_dir = tmp_path / "app"
     shutil.copytree(ROOT / "examples", app_dir / "examples")
+    for line in instruction("ENV"):  # the image's environment
+        env.update(kv.split("=", 1) for kv in line.split())
     entry = json.loads(instruction("ENTRYPOINT")[0])
     cmd = json.loads(instruction("CMD")[0])
     with socket.socket() as s:

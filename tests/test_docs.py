@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from harness import ROOT
 from skirr import config
 
@@ -11,6 +13,8 @@ def fmt(default) -> str:
         return f"`{default:g}`"
     if default == "":
         return '`""`'
+    if isinstance(default, dict):
+        return f"`{json.dumps(default)}`"  # as the option takes it
     return f"`{default}`"
 
 

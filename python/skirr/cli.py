@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     for o in config.OPTIONS:
         if o.name == "http3":
             continue  # a switch of its own above (--http3, no value)
-        opts.add_argument(o.flag, dest=o.name, default=None, help=f"{o.help} (default {o.default!r}; env {o.env})")
+        shown = config.shown(o.default)
+        opts.add_argument(o.flag, dest=o.name, default=None, help=f"{o.help} (default {shown}; env {o.env})")
     return p
 
 

@@ -689,6 +689,16 @@ def misspelt_env(environ: Mapping[str, str] | None = None) -> list[str]:
     return out
 
 
+def shown(default: Any) -> str:
+    """A default as a user would pass it: a header map as the JSON object
+    the option takes, an empty string as empty."""
+    if isinstance(default, dict):
+        return json.dumps(default)
+    if default == "":
+        return "empty"
+    return repr(default) if isinstance(default, str) else str(default)
+
+
 def rust_config(values: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     """The subset of ``values`` the Rust core reads, plus ``extra`` keys."""
     d = {k: v for k, v in values.items() if BY_NAME[k].rust}
