@@ -144,7 +144,16 @@ pub struct Inflater {
     /// the message came after it: the appended tail is not fed (it would
     /// begin a stored block that the next message's bytes would fill).
     ended: bool,
+    /// DEFLATE streams the current message has ended (at most
+    /// [`MAX_STREAMS`]).
+    streams: usize,
 }
+
+/// Final blocks one message may hold. A sender ends a message with one
+/// (§7.2.3.4); each starts a new decompressor, so a message of many empty
+/// final blocks (2 bytes each) would cost one per 2 bytes: refused as
+/// corrupt.
+const MAX_STREAMS: usize = 8;
 
 impl Inflater {
     /// A decompressor for the agreement (the client's window, §7.1.2.2).
@@ -156,6 +165,7 @@ impl Inflater {
             bits: agreed.client_max_window_bits.clamp(9, 15),
             takeover: !agreed.client_no_context_takeover,
             ended: false,
+            streams: 0,
         }
     }
 
@@ -173,6 +183,7 @@ impl Inflater {
     ) -> Result<(), InflateError> {
         self.feed(input, out, limit)?;
         if last {
+            self.streams = 0;
             if !std::mem::take(&mut self.ended) {
                 self.feed(&TAIL, out, limit)?;
             }
@@ -198,7 +209,9 @@ impl Inflater {
                 // A new stream cannot end before its first byte; were it
                 // to, `rest` would not shrink.
                 Some(0) => return Err(InflateError::Corrupt),
+                Some(_) if self.streams == MAX_STREAMS => return Err(InflateError::Corrupt),
                 Some(used) => {
+                    self.streams += 1;
                     self.state = None;
                     self.ended = true;
                     rest = &rest[used..];
@@ -322,6 +335,20 @@ mod tests {
                 assert_eq!(out, b"Hello", "{msg:02x?} cnct={cnct}");
             }
         }
+    }
+
+    #[test]
+    fn a_message_of_many_final_blocks_is_corrupt() {
+        // An empty final block with fixed codes: 03 00.
+        let mut i = Inflater::new(&agreed(false, false));
+        let mut out = Vec::new();
+        let few = [0x03, 0x00].repeat(MAX_STREAMS);
+        i.inflate(&few, true, &mut out, 100).unwrap();
+        let many = [0x03, 0x00].repeat(MAX_STREAMS + 1);
+        assert_eq!(
+            i.inflate(&many, true, &mut out, 100),
+            Err(InflateError::Corrupt)
+        );
     }
 
     #[test]
